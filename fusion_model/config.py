@@ -1,0 +1,44 @@
+"""Typed training configuration: the `train` section of params.yaml, field names = argument names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class TrainConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    data_dir: Path = Path("data/validated")
+    out_dir: Path = Path("data/checkpoints")
+    seed: int = 42
+    # model
+    image_model: str = "resnet18"
+    pretrained: bool | Path = False
+    image_size: int = Field(64, ge=16)
+    image_index: int = Field(0, ge=0)
+    text_buckets: int = Field(4096, ge=16)
+    text_dim: int = Field(32, ge=1)
+    cat_dim: int = Field(16, ge=1)
+    adapter_dim: int = Field(64, ge=1)
+    hidden_sizes: list[int] = [128]
+    activation: Literal["relu", "gelu", "leaky_relu", "tanh"] = "gelu"
+    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    layer_norm: bool = True
+    # optimisation
+    max_epochs: int = Field(8, ge=1)
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(2e-3, gt=0)
+    weight_decay: float = Field(1e-4, ge=0)
+    num_workers: int = Field(0, ge=0)
+    # distribution
+    strategy: Literal["ddp_spawn", "ddp", "deepspeed"] = "deepspeed"
+    zero_stage: Literal[2, 3] = 2
+    offload_optimizer: bool = False
+    precision: Literal["32-true", "bf16-mixed", "16-mixed"] = "32-true"
+    accelerator: Literal["auto", "cpu", "gpu"] = "auto"
+    devices: int | Literal["auto"] = "auto"
+    num_nodes: int = Field(1, ge=1)
+    threads_per_rank: int = Field(1, ge=1)

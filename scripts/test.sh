@@ -1,0 +1,5 @@
+#!/usr/bin/env bash
+# The test command: create/reuse .venv, then run the whole suite (slow tests included). Extra arguments go
+# to pytest, e.g. `bash scripts/test.sh -m "not slow"`.
+source "$(dirname "$0")/env.sh"
+exec python -m pytest "$@"

@@ -1,0 +1,113 @@
+"""One CLI for every stage: ``python -m tasks <stage> [--params params.yaml] [--<key> VALUE ...]``.
+
+The stage reads its section of params.yaml; any scalar key of that section can be overridden on the
+command line (paths included), so dvc.yaml and people call the same function the Prefect flow calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import typing
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from tasks.errors import StageError
+from tasks.params import Params, ParamsError, load_params
+
+# stage name -> (module, params.yaml section); the module defines a function named like the stage.
+STAGES: dict[str, tuple[str, str]] = {
+    "download": ("tasks.download", "download"),
+    "validate": ("tasks.validate", "validate"),
+    "train": ("tasks.train", "train"),
+    "convert": ("tasks.convert", "convert"),
+    "evaluate": ("tasks.evaluate", "evaluate"),
+    "promote": ("tasks.promote", "promote"),
+}
+
+_SCALARS = (str, int, float, bool, Path)
+
+
+def _scalar_type(annotation: Any) -> type | None:
+    """The scalar type a CLI value converts to, or None for nested / list fields."""
+    if annotation in _SCALARS:
+        return annotation
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) is typing.Literal:
+        return type(args[0])
+    for a in args:  # Optional[X] / X | Literal[...]
+        if a in _SCALARS:
+            return a
+    return None
+
+
+def _section_model(section: str) -> type[BaseModel]:
+    field = Params.model_fields["validate_" if section == "validate" else section]
+    return field.annotation  # type: ignore[return-value]
+
+
+def _add_overrides(parser: argparse.ArgumentParser, section: str) -> None:
+    model = _section_model(section)
+    group = parser.add_argument_group(f"overrides of params.yaml `{section}:`")
+    for name, field in model.model_fields.items():
+        if _scalar_type(field.annotation) is None:
+            continue
+        group.add_argument(
+            f"--{name.replace('_', '-')}",
+            dest=f"override_{name}",
+            metavar=name.upper(),
+            help=f"{field.description or ''} (params.yaml: {section}.{name}, default {field.default!r})".strip(),
+        )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m tasks", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="stage", required=True, metavar="STAGE")
+    for stage, (module, section) in STAGES.items():
+        p = sub.add_parser(stage, help=f"run the {stage} stage (params.yaml `{section}:`)")
+        p.add_argument("--params", default="params.yaml", type=Path, help="params file (default params.yaml)")
+        _add_overrides(p, section)
+    return parser
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    return {k.removeprefix("override_"): v for k, v in vars(args).items() if k.startswith("override_") and v is not None}
+
+
+def _yaml_scalar(value: str) -> Any:
+    """Parse a command-line value as YAML so `--pretrained false` and `--devices 2` get their types."""
+    import yaml
+
+    return yaml.safe_load(value)
+
+
+def run_stage(stage: str, params: Params) -> Any:
+    module_name, section = STAGES[stage]
+    module = importlib.import_module(module_name)
+    section_params = params.validate_ if section == "validate" else getattr(params, section)
+    return getattr(module, stage)(section_params)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    section = STAGES[args.stage][1]
+    overrides = {k: _yaml_scalar(v) for k, v in _overrides(args).items()}
+    try:
+        params = load_params(args.params, {section: overrides} if overrides else None)
+        result = run_stage(args.stage, params)
+    except (StageError, ParamsError) as e:
+        print(f"error: {args.stage}: {e}", file=sys.stderr)
+        return 1
+    if isinstance(result, BaseModel):
+        result = result.model_dump(mode="json")
+    if result is not None:
+        print(json.dumps(result, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

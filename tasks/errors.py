@@ -1,0 +1,8 @@
+"""Errors a stage raises for bad input: the CLI prints the message (no traceback) and exits non-zero.
+
+Messages name the file / row / column, the reason and the fix.
+"""
+
+
+class StageError(RuntimeError):
+    """A stage refused its input or could not finish; the message says what to do."""
