@@ -1,0 +1,186 @@
+"""Validate stage: check the raw PetFinder folder with Great Expectations 1.x, then write typed tables.
+
+Reads `dataset_dir` (train.csv, test.csv, images/), runs the suite of `tasks/validation_suite.py` on
+both tables (image files checked by `fusion_model.checks`, in parallel), always writes the report to
+`report_dir`, and only when everything passes replaces `out_dir` (train/val/test parquet + meta.json)
+in one rename. A failure raises `ValidationError` listing every failed expectation with its column,
+count and example rows or files, and leaves the previous `out_dir` untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from pydantic import BaseModel
+
+from fusion_model.schema import LABEL, LABEL_SETS
+from tasks.atomic import recover_dir, swap_in, temp_dir_beside
+from tasks.errors import StageError
+from tasks.params import ValidateParams
+from tasks.validation_report import (
+    Outcome,
+    ValidationReport,
+    failure_message,
+    outcomes_from_gx,
+    render_html,
+    render_markdown,
+    report_json,
+    table_summary,
+)
+from tasks.validation_suite import ROW_ID, SUITE_NAME, build_suite, suite_parameters
+from tasks.validation_tables import (
+    RawTable,
+    TableLoadError,
+    read_raw,
+    stratified_split,
+    typed_table,
+    validation_frame,
+)
+
+TABLES: tuple[tuple[str, str], ...] = (("train", "train.csv"), ("test", "test.csv"))
+REPORT_FILES = ("validation.json", "validation.md", "validation.html")
+
+
+class ValidationError(StageError):
+    """The dataset failed validation; the message lists each failed expectation and the fix."""
+
+
+class ValidateSummary(BaseModel):
+    out_dir: str
+    report_dir: str
+    label_kind: str
+    classes: list[int]
+    rows: dict[str, int]
+    warnings: list[str]
+    seconds: float
+
+
+def _run_suite(frames: dict[str, pd.DataFrame], classes: list[int]) -> dict[str, list[dict[str, Any]]]:
+    """Run the suite on each table through a GX checkpoint; returns each table's results as dicts."""
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    # A fresh in-memory context per run: ~10 ms, nothing written to disk, names never collide.
+    context = gx.get_context(mode="ephemeral")
+    context.variables.progress_bars = ProgressBarsConfig(globally=False)
+    suite = context.suites.add(build_suite())
+    source = context.data_sources.add_pandas("petfinder")
+    out: dict[str, list[dict[str, Any]]] = {}
+    for name, frame in frames.items():
+        batch = source.add_dataframe_asset(name).add_batch_definition_whole_dataframe("whole")
+        definition = context.validation_definitions.add(gx.ValidationDefinition(name=name, data=batch, suite=suite))
+        checkpoint = context.checkpoints.add(gx.Checkpoint(
+            name=f"{SUITE_NAME}-{name}",
+            validation_definitions=[definition],
+            result_format={"result_format": "SUMMARY", "unexpected_index_column_names": [ROW_ID],
+                           "partial_unexpected_count": 5},
+        ))
+        result = checkpoint.run(
+            batch_parameters={"dataframe": frame},
+            expectation_parameters=suite_parameters(classes, require_all_classes=name == "train"),
+        )
+        (validation,) = result.run_results.values()
+        out[name] = [r.to_json_dict() for r in validation.results]
+    return out
+
+
+def _gx_version() -> str:
+    from importlib.metadata import version
+
+    return version("great-expectations")
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_reports(report: ValidationReport, report_dir: Path) -> None:
+    _write_text_atomic(report_dir / "validation.json", report_json(report))
+    _write_text_atomic(report_dir / "validation.md", render_markdown(report))
+    _write_text_atomic(report_dir / "validation.html", render_html(report))
+
+
+def _dataset_root_for_meta(dataset_dir: Path, out_dir: Path) -> str:
+    """The dataset folder relative to out_dir, so meta.json (a DVC output) is identical in every clone."""
+    try:
+        return Path(os.path.relpath(os.path.abspath(dataset_dir), os.path.abspath(out_dir))).as_posix()
+    except ValueError:  # another drive on Windows: no relative path exists
+        return Path(os.path.abspath(dataset_dir)).as_posix()
+
+
+def write_outputs(
+    tables: dict[str, pd.DataFrame], params: ValidateParams, classes: list[int], dataset_dir: Path
+) -> dict[str, int]:
+    """Write train/val/test parquet + meta.json into a temporary folder beside out_dir, then swap."""
+    out_dir = Path(params.out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    train, val = stratified_split(tables["train"], params.val_fraction, params.seed)
+    splits = {"train": train, "val": val, "test": tables["test"]}
+    recover_dir(out_dir)  # a crash in an earlier swap left the last good output under a backup name
+    staged = temp_dir_beside(out_dir)
+    try:
+        for name, df in splits.items():
+            df.to_parquet(staged / f"{name}.parquet", index=False)
+        rows = {name: len(df) for name, df in splits.items()}
+        meta = {
+            "dataset_root": _dataset_root_for_meta(dataset_dir, out_dir),
+            "label": LABEL,
+            "label_kind": params.label_kind,
+            "classes": classes,
+            "rows": rows,
+        }
+        (staged / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        swap_in(staged, out_dir)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
+    return rows
+
+
+def validate(params: ValidateParams) -> ValidateSummary:
+    """Validate `params.dataset_dir`; on success write `params.out_dir`, always write the reports."""
+    started = time.perf_counter()
+    dataset_dir = Path(params.dataset_dir)
+    report_dir = Path(params.report_dir)
+    classes = list(LABEL_SETS[params.label_kind])
+    report = ValidationReport(
+        success=False, dataset_dir=str(dataset_dir), label_kind=params.label_kind, classes=classes,
+        suite=SUITE_NAME, gx_version=_gx_version(),
+    )
+    raw_tables: dict[str, RawTable] = {}
+    if not dataset_dir.is_dir():
+        report.problems.append(
+            f"{dataset_dir}: no such folder; run `python -m tasks download` first or set validate.dataset_dir"
+        )
+    else:
+        for name, file in TABLES:
+            try:
+                raw_tables[name] = read_raw(name, dataset_dir / file)
+            except TableLoadError as e:
+                report.problems.append(str(e))
+    frames: dict[str, pd.DataFrame] = {}
+    if raw_tables:  # a table that loaded is still checked when the other did not: one report, all problems
+        frames = {name: validation_frame(t, dataset_dir, params.workers) for name, t in raw_tables.items()}
+        results = _run_suite(frames, classes)
+        outcomes: list[Outcome] = []
+        for name, table in raw_tables.items():
+            outcomes += outcomes_from_gx(results[name], table, frames[name])
+        report.outcomes = outcomes
+        report.tables = [table_summary(t, outcomes) for t in raw_tables.values()]
+        report.success = not report.problems and all(t.success for t in report.tables)
+    write_reports(report, report_dir)
+    if not report.success:
+        raise ValidationError(failure_message(report, str(report_dir / "validation.md")))
+    rows = write_outputs({n: typed_table(f) for n, f in frames.items()}, params, classes, dataset_dir)
+    return ValidateSummary(
+        out_dir=str(params.out_dir), report_dir=str(report_dir), label_kind=params.label_kind, classes=classes,
+        rows=rows, warnings=report.warnings, seconds=round(time.perf_counter() - started, 2),
+    )
