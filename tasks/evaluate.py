@@ -1,0 +1,264 @@
+"""Evaluate stage: score the validated test table with the converted model in `data/model/` only.
+
+Writes into `out_dir` (swapped in whole, so a failed run leaves the previous evaluation intact):
+`metrics.json`, `predictions.csv`, `ablation.json`, `roc.png`, `confusion_matrix.png`, and the plot data
+`roc.csv` / `confusion.csv` that dvc.yaml's `plots:` reads. Loading the converted file, never the
+training checkpoint, is what proves the conversion.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from filelock import FileLock
+from pydantic import BaseModel
+
+from tasks.atomic import recover_dir, swap_in, temp_dir_beside
+from tasks.errors import StageError
+from tasks.metrics import (
+    LabelKind,
+    as_class_probabilities,
+    compute_metrics,
+    fingerprint_test_set,
+    label_counts,
+    predicted_labels,
+    primary_metric_name,
+    primary_score,
+)
+from tasks.params import EvaluateParams
+from tasks.plots import write_confusion, write_roc
+
+MODALITIES: tuple[str, ...] = ("image", "tabular", "text")
+# What convert writes; evaluation and prediction need all three.
+MODEL_FILES: tuple[str, ...] = ("model.safetensors", "model_config.json", "manifest.json")
+OUTPUT_FILES: tuple[str, ...] = (
+    "metrics.json", "predictions.csv", "ablation.json", "roc.png", "confusion_matrix.png", "roc.csv",
+    "confusion.csv",
+)
+
+
+class EvaluationSummary(BaseModel):
+    out_dir: Path
+    rows: int
+    primary_metric: str
+    primary_value: float
+    metrics: dict[str, float | None]
+    ablation_drop: dict[str, float | None]
+    plots: list[Path]
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def check_model_dir(model_dir: Path) -> None:
+    """Refuse a model folder that is not a complete conversion output, naming what is missing."""
+    if not model_dir.is_dir():
+        raise StageError(
+            f"{model_dir}: no model folder. Run `python -m tasks convert` to write model.safetensors, "
+            "model_config.json and manifest.json there from the training checkpoint."
+        )
+    missing = [name for name in MODEL_FILES if not (model_dir / name).is_file()]
+    if missing:
+        raise StageError(
+            f"{model_dir}: missing {', '.join(missing)}; the folder is not a complete converted model. "
+            "Run `python -m tasks convert` (it writes model.safetensors, model_config.json and manifest.json "
+            "together) and evaluate again."
+        )
+
+
+def _read_json(path: Path, fix: str) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise StageError(f"{path}: missing. {fix}") from None
+    except json.JSONDecodeError as e:
+        raise StageError(f"{path}: not valid JSON ({e}). {fix}") from None
+
+
+def load_test_set(data_dir: Path) -> tuple[pd.DataFrame, dict[str, Any], Path]:
+    """The validated test table, its meta.json and the images root the table's relative paths start from."""
+    fix = "Run `python -m tasks validate` to write data/validated/."
+    meta = _read_json(data_dir / "meta.json", fix)
+    for key in ("dataset_root", "label", "label_kind", "classes"):
+        if key not in meta:
+            raise StageError(f"{data_dir / 'meta.json'}: no `{key}` key. {fix}")
+    test_path = data_dir / "test.parquet"
+    if not test_path.is_file():
+        raise StageError(f"{test_path}: missing. {fix}")
+    table = pd.read_parquet(test_path)
+    for column in ("row_id", meta["label"]):
+        if column not in table.columns:
+            raise StageError(f"{test_path}: no `{column}` column. {fix}")
+    if table.empty:
+        raise StageError(f"{test_path}: no rows to evaluate. Check the raw test.csv and re-run validate.")
+    root = Path(meta["dataset_root"])
+    images_root = root if root.is_absolute() else data_dir / root
+    return table, meta, images_root
+
+
+def load_predictor(model_dir: Path) -> Any:
+    """`fusion_model.predict.Predictor` for a checked model folder; unreadable files become a StageError."""
+    from safetensors import SafetensorError
+
+    from fusion_model.predict import Predictor  # torch/timm load only when a model is really needed
+
+    check_model_dir(model_dir)
+    try:
+        return Predictor.load(model_dir)
+    except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as e:
+        raise StageError(
+            f"{model_dir}: cannot load the converted model ({type(e).__name__}: {e}). Re-run "
+            "`python -m tasks convert` to rewrite it (and train first if the checkpoint is gone)."
+        ) from e
+
+
+def predictions_frame(
+    row_ids: np.ndarray, y_true: np.ndarray, proba: np.ndarray, classes: Sequence[int]
+) -> pd.DataFrame:
+    """Columns as the prediction CLI writes them (`proba_<class>`, `prediction`) plus row_id and label."""
+    frame = pd.DataFrame({"row_id": np.asarray(row_ids, dtype=np.int64)})
+    for i, c in enumerate(classes):
+        frame[f"proba_{c}"] = proba[:, i]
+    frame["prediction"] = predicted_labels(proba, classes).astype(np.int64)
+    frame["label"] = np.asarray(y_true, dtype=np.int64)
+    return frame
+
+
+def ablation_report(
+    y_true: np.ndarray,
+    full: Mapping[str, float | None],
+    masked: Mapping[str, np.ndarray],
+    classes: Sequence[int],
+    label_kind: LabelKind,
+) -> dict[str, Any]:
+    """Score with each modality masked out; `drop` = full score - masked score (bigger = more useful)."""
+    name = primary_metric_name(label_kind)
+    report: dict[str, Any] = {"metric": name, "full": full[name], "modalities": {}}
+    for modality, proba in masked.items():
+        scores = compute_metrics(y_true, proba, classes, label_kind)
+        value = scores[name]
+        report["modalities"][modality] = {
+            "score": value,
+            "drop": None if value is None or full[name] is None else full[name] - value,
+            "metrics": scores,
+        }
+    return report
+
+
+def write_evaluation(
+    out_dir: Path,
+    row_ids: np.ndarray,
+    y_true: np.ndarray,
+    proba: np.ndarray,
+    masked: Mapping[str, np.ndarray],
+    classes: Sequence[int],
+    label_kind: LabelKind,
+    provenance: Mapping[str, Any],
+) -> dict[str, Any]:
+    """Write every evaluation file into `out_dir` (an existing, empty folder) and return metrics.json's content."""
+    classes = [int(c) for c in classes]
+    proba = as_class_probabilities(proba, classes)
+    y_true = np.asarray(y_true, dtype=np.int64)
+    metrics = compute_metrics(y_true, proba, classes, label_kind)
+    name = primary_metric_name(label_kind)
+    content: dict[str, Any] = {
+        "primary_metric": {"name": name, "value": primary_score(y_true, proba, classes, label_kind),
+                           "greater_is_better": True},
+        "metrics": metrics,
+        "rows": int(len(y_true)),
+        "label_counts": label_counts(y_true, classes),
+        "label_kind": label_kind,
+        "classes": classes,
+        **provenance,
+    }
+    (out_dir / "metrics.json").write_text(json.dumps(content, indent=2) + "\n")
+    predictions_frame(row_ids, y_true, proba, classes).to_csv(out_dir / "predictions.csv", index=False)
+    ablation = ablation_report(
+        y_true, metrics, {m: as_class_probabilities(p, classes) for m, p in masked.items()}, classes, label_kind
+    )
+    (out_dir / "ablation.json").write_text(json.dumps(ablation, indent=2) + "\n")
+    write_roc(out_dir, y_true, proba, classes)
+    write_confusion(out_dir, y_true, predicted_labels(proba, classes), classes)
+    return content
+
+
+def _fmt(value: float | None) -> str:
+    return "undefined" if value is None else f"{value:.4f}"
+
+
+def render_markdown(
+    metrics: Mapping[str, Any], ablation: Mapping[str, Any] | None = None, plots: Sequence[Path] = ()
+) -> str:
+    """A markdown summary of metrics.json (and ablation.json, plot paths): for a Prefect artifact and the terminal."""
+    primary = metrics["primary_metric"]["name"]
+    lines = ["| metric | value |", "|---|---|"]
+    for key, value in metrics["metrics"].items():
+        label = f"**{key}** (primary)" if key == primary else key
+        lines.append(f"| {label} | {_fmt(value)} |")
+    counts = ", ".join(f"{c}: {n}" for c, n in metrics["label_counts"].items())
+    lines += ["", f"Test rows: {metrics['rows']} (label counts {counts})."]
+    if ablation:
+        lines += ["", f"| modality masked | {ablation['metric']} | drop vs full |", "|---|---|---|"]
+        for modality, entry in ablation["modalities"].items():
+            lines.append(f"| {modality} | {_fmt(entry['score'])} | {_fmt(entry['drop'])} |")
+    if plots:
+        lines += ["", "Plots (open offline): " + ", ".join(f"`{p}`" for p in plots)]
+    return "\n".join(lines) + "\n"
+
+
+def evaluate(p: EvaluateParams) -> EvaluationSummary:
+    check_model_dir(p.model_dir)
+    table, meta, images_root = load_test_set(p.data_dir)
+    label, label_kind, classes = meta["label"], meta["label_kind"], [int(c) for c in meta["classes"]]
+    predictor = load_predictor(p.model_dir)
+    if [int(c) for c in predictor.classes] != classes:
+        raise StageError(
+            f"{p.model_dir} predicts classes {list(predictor.classes)}, but {p.data_dir / 'meta.json'} has {classes}: "
+            "the model was trained on another label set. Retrain on this data (python -m tasks train), then convert."
+        )
+    features = table.drop(columns=[label])
+    proba = predictor.predict_proba(features, images_root, batch_size=p.batch_size)
+    masked = {
+        m: predictor.predict_proba(features, images_root, drop_modalities=(m,), batch_size=p.batch_size)
+        for m in MODALITIES
+    }
+    provenance = {
+        "test_set": {"path": str(p.data_dir / "test.parquet"), "fingerprint": fingerprint_test_set(table, label)},
+        "model": {"path": str(p.model_dir), "sha256": sha256_file(p.model_dir / "model.safetensors")},
+    }
+
+    p.out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(p.out_dir.parent / f".{p.out_dir.name}.lock"):
+        recover_dir(p.out_dir)
+        tmp = temp_dir_beside(p.out_dir)
+        try:
+            content = write_evaluation(
+                tmp, table["row_id"].to_numpy(), table[label].to_numpy(), np.asarray(proba),
+                {m: np.asarray(v) for m, v in masked.items()}, classes, label_kind, provenance,
+            )
+            ablation = json.loads((tmp / "ablation.json").read_text())
+            swap_in(tmp, p.out_dir)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return EvaluationSummary(
+        out_dir=p.out_dir,
+        rows=content["rows"],
+        primary_metric=content["primary_metric"]["name"],
+        primary_value=content["primary_metric"]["value"],
+        metrics=content["metrics"],
+        ablation_drop={m: e["drop"] for m, e in ablation["modalities"].items()},
+        plots=[p.out_dir / "roc.png", p.out_dir / "confusion_matrix.png"],
+    )

@@ -1,0 +1,276 @@
+"""Promote stage: the challenger replaces the champion only if it is better on the same test set.
+
+The challenger is `model_dir` (the converted model) with `eval_dir/metrics.json` (its evaluation). It
+becomes `champion_dir` when its validation passed and its primary metric beats the champion's by at
+least `min_delta`; the first model becomes champion. Scores are compared on one test set: when the
+champion's metrics.json was computed on another one (its fingerprint differs), the champion is re-scored
+on the current test set first. The swap is atomic (a full copy beside the champion, then renames), a file
+lock serialises concurrent promotions, and every decision is appended to `history.jsonl` next to the
+champion folder.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from filelock import FileLock, Timeout
+from pydantic import BaseModel
+
+from tasks.atomic import recover_dir, swap_in, temp_dir_beside
+from tasks.errors import StageError
+from tasks.evaluate import MODEL_FILES, check_model_dir, load_predictor, load_test_set, sha256_file
+from tasks.metrics import fingerprint_test_set, primary_score
+from tasks.params import PromoteParams
+
+CHAMPION_FILES: tuple[str, ...] = (*MODEL_FILES, "metrics.json")
+HISTORY_NAME = "history.jsonl"
+
+
+class PromotionDecision(BaseModel):
+    timestamp: str
+    promoted: bool
+    reason: str
+    metric: str
+    challenger_score: float
+    champion_score: float | None
+    min_delta: float
+    champion_rescored: bool
+    validation_passed: bool
+    test_fingerprint: str
+    challenger_sha256: str
+    previous_champion_sha256: str | None
+    champion_dir: Path
+
+
+def history_path(champion_dir: Path) -> Path:
+    return champion_dir.parent / HISTORY_NAME
+
+
+def _read_json(path: Path, fix: str) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise StageError(f"{path}: missing. {fix}") from None
+    except json.JSONDecodeError as e:
+        raise StageError(f"{path}: not valid JSON ({e}). {fix}") from None
+
+
+def _metric_of(metrics: dict[str, Any], path: Path, fix: str) -> tuple[str, float]:
+    try:
+        name, value = metrics["primary_metric"]["name"], float(metrics["primary_metric"]["value"])
+    except (KeyError, TypeError, ValueError):
+        raise StageError(f"{path}: no numeric primary_metric.name/value. {fix}") from None
+    if not math.isfinite(value):
+        raise StageError(f"{path}: primary metric {name} is {value}, not a number. {fix}")
+    return name, value
+
+
+def read_challenger(p: PromoteParams) -> dict[str, Any]:
+    """The challenger's metrics.json, refused unless it is the evaluation of exactly this model file."""
+    check_model_dir(p.model_dir)
+    metrics_path = p.eval_dir / "metrics.json"
+    fix = "Run `python -m tasks evaluate` on this model first."
+    metrics = _read_json(metrics_path, fix)
+    _metric_of(metrics, metrics_path, fix)
+    model_sha = sha256_file(p.model_dir / "model.safetensors")
+    evaluated_sha = (metrics.get("model") or {}).get("sha256")
+    if evaluated_sha != model_sha:
+        raise StageError(
+            f"{metrics_path} was computed for model sha256 {evaluated_sha}, but {p.model_dir / 'model.safetensors'} "
+            f"has sha256 {model_sha}: the evaluation is stale. Run `python -m tasks evaluate` again, then promote."
+        )
+    if not (metrics.get("test_set") or {}).get("fingerprint"):
+        raise StageError(f"{metrics_path}: no test_set.fingerprint. {fix}")
+    return metrics
+
+
+def validation_status(report: Path) -> tuple[bool, str]:
+    """Whether the last validation run passed, from its JSON report, with a reason for history."""
+    if not report.is_file():
+        return False, f"no validation report at {report}; run `python -m tasks validate`"
+    try:
+        data = json.loads(report.read_text())
+    except json.JSONDecodeError as e:
+        return False, f"validation report {report} is not valid JSON ({e}); run `python -m tasks validate`"
+    success = data.get("success") if isinstance(data, dict) else None
+    if success is True:
+        return True, "validation passed"
+    return False, f"validation did not pass ({report}: success={success!r})"
+
+
+def conversion_status(model_dir: Path) -> tuple[bool, str]:
+    """Whether convert verified this exact file (strict load, all finite), from its manifest.json."""
+    try:
+        manifest = json.loads((model_dir / "manifest.json").read_text())
+    except json.JSONDecodeError as e:
+        return False, f"{model_dir / 'manifest.json'} is not valid JSON ({e}); re-run `python -m tasks convert`"
+    verification = manifest.get("verification") or {}
+    if not (verification.get("strict_load") is True and verification.get("all_finite") is True):
+        return False, f"{model_dir / 'manifest.json'} does not record a passed verification; re-run convert"
+    if (manifest.get("output") or {}).get("sha256") != sha256_file(model_dir / "model.safetensors"):
+        return False, (
+            f"{model_dir / 'model.safetensors'} is not the file its manifest verified (sha256 differs); "
+            "re-run `python -m tasks convert`"
+        )
+    return True, "conversion verified"
+
+
+def _champion_state(champion_dir: Path) -> dict[str, Any] | None:
+    """The champion's metrics.json, None when there is no champion; an incomplete champion is refused."""
+    if not champion_dir.exists():
+        return None
+    missing = [n for n in CHAMPION_FILES if not (champion_dir / n).is_file()]
+    if missing:
+        raise StageError(
+            f"{champion_dir}: the champion lacks {', '.join(missing)}, so it cannot be compared. Restore it "
+            f"(e.g. `dvc checkout` or from a backup), or move the folder away to make the next model champion."
+        )
+    return _read_json(champion_dir / "metrics.json", "Restore the champion's metrics.json.")
+
+
+def rescore(model_dir: Path, data_dir: Path, batch_size: int) -> float | None:
+    """A model's primary metric on the current test set; None if it predicts another label set."""
+    table, meta, images_root = load_test_set(data_dir)
+    predictor = load_predictor(model_dir)
+    proba = np.asarray(predictor.predict_proba(table.drop(columns=[meta["label"]]), images_root, batch_size=batch_size))
+    classes = [int(c) for c in meta["classes"]]
+    width = 1 if proba.ndim == 1 else proba.shape[1]
+    if width != len(classes) and not (width == 1 and len(classes) == 2):
+        return None
+    return primary_score(table[meta["label"]].to_numpy(), proba, classes, meta["label_kind"])
+
+
+def _decide(p: PromoteParams, challenger: dict[str, Any]) -> PromotionDecision:
+    metric, score = _metric_of(challenger, p.eval_dir / "metrics.json", "")
+    fingerprint = challenger["test_set"]["fingerprint"]
+    table, meta, _ = load_test_set(p.data_dir)
+    current = fingerprint_test_set(table, meta["label"])
+    if current != fingerprint:
+        raise StageError(
+            f"{p.eval_dir / 'metrics.json'} was computed on another test set than {p.data_dir / 'test.parquet'} "
+            f"({fingerprint} vs {current}). Run `python -m tasks evaluate` on the current data, then promote."
+        )
+    passed, validation_reason = validation_status(p.validation_report)
+    if passed:
+        passed, validation_reason = conversion_status(p.model_dir)
+    champion = _champion_state(p.champion_dir)
+    decision = dict(
+        timestamp=datetime.now(UTC).isoformat(timespec="seconds"),
+        metric=metric,
+        challenger_score=score,
+        champion_score=None,
+        min_delta=p.min_delta,
+        champion_rescored=False,
+        validation_passed=passed,
+        test_fingerprint=fingerprint,
+        challenger_sha256=challenger["model"]["sha256"],
+        previous_champion_sha256=None,
+        champion_dir=p.champion_dir,
+    )
+    if champion is not None:
+        decision["previous_champion_sha256"] = sha256_file(p.champion_dir / "model.safetensors")
+        same_test = (champion.get("test_set") or {}).get("fingerprint") == fingerprint
+        champion_metric = (champion.get("primary_metric") or {}).get("name")
+        if same_test and champion_metric == metric:
+            decision["champion_score"] = _metric_of(champion, p.champion_dir / "metrics.json", "")[1]
+        elif passed:  # re-scoring costs a pass over the test set: only when the answer can matter
+            decision["champion_rescored"] = True
+            decision["champion_score"] = rescore(p.champion_dir, p.data_dir, p.batch_size)
+
+    if not passed:
+        return PromotionDecision(promoted=False, reason=validation_reason, **decision)
+    if champion is None:
+        return PromotionDecision(promoted=True, reason="first model: no champion yet", **decision)
+    old = decision["champion_score"]
+    if old is None:
+        return PromotionDecision(
+            promoted=True,
+            reason=f"the champion predicts another label set than the current test set ({meta['classes']})",
+            **decision,
+        )
+    delta = score - old
+    on = "re-scored on the current test set" if decision["champion_rescored"] else "same test set"
+    if delta > 0 and delta >= p.min_delta:
+        reason = f"{metric} {score:.4f} beats champion {old:.4f} by {delta:+.4f} >= min_delta {p.min_delta} ({on})"
+        return PromotionDecision(promoted=True, reason=reason, **decision)
+    reason = f"{metric} {score:.4f} vs champion {old:.4f}: {delta:+.4f}, needs > 0 and >= min_delta {p.min_delta} ({on})"
+    return PromotionDecision(promoted=False, reason=reason, **decision)
+
+
+def _install(p: PromoteParams, decision: PromotionDecision) -> None:
+    """Copy the challenger into a folder beside the champion, then swap it in (old one intact until then)."""
+    tmp = temp_dir_beside(p.champion_dir)
+    try:
+        for name in MODEL_FILES:
+            shutil.copy2(p.model_dir / name, tmp / name)
+        shutil.copy2(p.eval_dir / "metrics.json", tmp / "metrics.json")
+        (tmp / "promotion.json").write_text(decision.model_dump_json(indent=2) + "\n")
+        if sha256_file(tmp / "model.safetensors") != decision.challenger_sha256:
+            raise StageError(
+                f"{p.model_dir / 'model.safetensors'} changed while it was being promoted; the champion is "
+                "unchanged. Re-run evaluate and promote."
+            )
+        swap_in(tmp, p.champion_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def append_history(path: Path, decision: PromotionDecision) -> None:
+    """One JSON line per decision, flushed to disk before the promotion returns."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(decision.model_dump_json() + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_history(champion_dir: Path) -> list[dict[str, Any]]:
+    path = history_path(champion_dir)
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def render_decision_markdown(decision: PromotionDecision) -> str:
+    """A short markdown summary of a promotion decision, for a Prefect artifact and the terminal."""
+
+    def fmt(v: float | None) -> str:
+        return "none" if v is None else f"{v:.4f}"
+
+    verdict = "promoted to champion" if decision.promoted else "not promoted"
+    rescored = " (re-scored on the current test set)" if decision.champion_rescored else ""
+    return (
+        f"**Challenger {verdict}.** {decision.reason}\n\n"
+        "| | score |\n|---|---|\n"
+        f"| challenger {decision.metric} | {fmt(decision.challenger_score)} |\n"
+        f"| champion {decision.metric}{rescored} | {fmt(decision.champion_score)} |\n\n"
+        f"Champion folder: `{decision.champion_dir}`; history: `{history_path(decision.champion_dir)}`.\n"
+    )
+
+
+def promote(p: PromoteParams) -> PromotionDecision:
+    challenger = read_challenger(p)
+    p.champion_dir.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(p.champion_dir.parent / f".{p.champion_dir.name}.lock", timeout=p.lock_timeout_s)
+    try:
+        with lock:
+            # A crash between the two renames of an earlier swap left the old champion under a backup name.
+            recover_dir(p.champion_dir)
+            decision = _decide(p, challenger)
+            if decision.promoted:
+                _install(p, decision)
+            append_history(history_path(p.champion_dir), decision)
+    except Timeout:
+        raise StageError(
+            f"another promotion into {p.champion_dir} held {lock.lock_file} for {p.lock_timeout_s:.0f} s; wait "
+            "for it to finish (the lock is released when its process exits), or raise promote.lock_timeout_s."
+        ) from None
+    return decision

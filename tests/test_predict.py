@@ -1,0 +1,63 @@
+"""Prediction from the converted model: the CLI, the Python API and the evaluation agree; bad rows are refused."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fusion_model.predict import Predictor, read_rows_csv
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.slow
+
+
+def _new_rows(chain, tmp_path: Path) -> Path:
+    """The raw test CSV without its label, as someone would send new rows (tutorial index column kept)."""
+    raw = pd.read_csv(chain.images_root / "test.csv", index_col=0)
+    path = tmp_path / "new.csv"
+    raw.drop(columns=["AdoptionSpeed"]).to_csv(path)
+    return path
+
+
+def test_cli_api_and_evaluation_give_identical_probabilities(tiny_model_chain, tmp_path: Path) -> None:
+    chain = tiny_model_chain
+    csv_path, out = _new_rows(chain, tmp_path), tmp_path / "preds.csv"
+    done = subprocess.run(
+        [sys.executable, "-m", "fusion_model.predict", "--model", str(chain.trained), "--csv", str(csv_path),
+         "--images-root", str(chain.images_root), "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    cli = pd.read_csv(out, index_col="row")
+
+    api = Predictor.load(chain.trained).predict(read_rows_csv(csv_path), chain.images_root)
+    cols = ["proba_0", "proba_1"]
+    assert list(cli.columns) == ["prediction", *cols] and list(api.columns) == ["prediction", *cols]
+    assert cli.index.tolist() == api.index.tolist()
+    # The model computes in float32 and the CLI writes float32's shortest repr: compare at that precision.
+    np.testing.assert_array_equal(cli[cols].to_numpy(np.float32), api[cols].to_numpy())
+    np.testing.assert_array_equal(cli["prediction"], api["prediction"])
+
+    evaluation = pd.read_csv(chain.trained_eval / "predictions.csv", index_col="row_id")
+    assert sorted(evaluation.index) == sorted(cli.index)  # row ids are the CSV index
+    np.testing.assert_array_equal(evaluation.loc[cli.index, cols].to_numpy(np.float32), cli[cols].to_numpy(np.float32))
+    np.testing.assert_array_equal(evaluation.loc[cli.index, "prediction"], cli["prediction"])
+
+
+def test_image_path_escaping_the_root_is_refused(tiny_model_chain, tmp_path: Path) -> None:
+    chain = tiny_model_chain
+    rows = read_rows_csv(_new_rows(chain, tmp_path)).head(5).copy()
+    bad_row = int(rows.index[2])
+    rows.loc[bad_row, "Images"] = "../outside.jpg"
+    predictor = Predictor.load(chain.trained)
+    with pytest.raises(ValueError) as err:
+        predictor.predict(rows, chain.images_root)
+    message = str(err.value)
+    assert f"row {bad_row}," in message and "'..'" in message and "../outside.jpg" in message
+    assert message.count("row ") == 1  # only the bad row is named

@@ -1,0 +1,383 @@
+"""Promotion: better challengers replace the champion atomically, worse ones leave it byte-identical."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from filelock import FileLock
+from safetensors.torch import save_file
+
+import tasks.promote as promote_module
+from fusion_model.schema import split_images
+from tasks.errors import StageError
+from tasks.evaluate import sha256_file, write_evaluation
+from tasks.metrics import fingerprint_test_set
+from tasks.params import PromoteParams
+from tasks.promote import history_path, promote, read_history, render_decision_markdown
+
+N_TEST = 120
+
+
+def _write_test_set(data_dir: Path, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    table = pd.DataFrame({
+        "row_id": np.arange(N_TEST, dtype=np.int64),
+        "Age": rng.integers(1, 60, N_TEST),
+        "Images": [f"images/p{i}-1.jpg" for i in range(N_TEST)],
+        "AdoptionSpeed": rng.integers(0, 2, N_TEST),
+    })
+    data_dir.mkdir(parents=True, exist_ok=True)
+    table.to_parquet(data_dir / "test.parquet", index=False)
+    meta = {"dataset_root": "../raw", "label": "AdoptionSpeed", "label_kind": "binary", "classes": [0, 1],
+            "rows": {"test": N_TEST}}
+    (data_dir / "meta.json").write_text(json.dumps(meta))
+    return table
+
+
+def _challenger(root: Path, name: str, table: pd.DataFrame, skill: float, passed: bool = True) -> PromoteParams:
+    """A model folder plus its evaluation, whose predictions carry `skill` signal (0 = chance)."""
+    model_dir, eval_dir = root / name / "model", root / name / "eval"
+    model_dir.mkdir(parents=True)
+    eval_dir.mkdir(parents=True)
+    gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+    save_file({"head.weight": torch.randn(2, 8, generator=gen)}, str(model_dir / "model.safetensors"))
+    (model_dir / "model_config.json").write_text(json.dumps({"name": name}))
+    manifest = {"output": {"sha256": sha256_file(model_dir / "model.safetensors")},
+                "verification": {"strict_load": True, "all_finite": True}}
+    (model_dir / "manifest.json").write_text(json.dumps(manifest))
+    y = table["AdoptionSpeed"].to_numpy()
+    rng = np.random.default_rng(7)
+    p1 = np.clip(0.5 + skill * (y - 0.5) + rng.normal(0, 0.3, len(y)), 0.01, 0.99)
+    proba = np.stack([1 - p1, p1], axis=1)
+    provenance = {
+        "test_set": {"fingerprint": fingerprint_test_set(table)},
+        "model": {"sha256": sha256_file(model_dir / "model.safetensors")},
+    }
+    write_evaluation(eval_dir, table["row_id"].to_numpy(), y, proba, {}, [0, 1], "binary", provenance)
+    report = root / name / "validation.json"
+    report.write_text(json.dumps({"success": passed}))
+    return PromoteParams(
+        model_dir=model_dir, eval_dir=eval_dir, champion_dir=root / "models" / "champion",
+        data_dir=root / "validated", validation_report=report, lock_timeout_s=5,
+    )
+
+
+def _snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
+    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(folder.iterdir())}
+
+
+def _score(p: PromoteParams) -> float:
+    return json.loads((p.eval_dir / "metrics.json").read_text())["primary_metric"]["value"]
+
+
+@pytest.fixture
+def table(tmp_path: Path) -> pd.DataFrame:
+    return _write_test_set(tmp_path / "validated")
+
+
+def test_first_model_becomes_champion_with_every_file(tmp_path: Path, table: pd.DataFrame) -> None:
+    p = _challenger(tmp_path, "first", table, skill=0.4)
+    decision = promote(p)
+    assert decision.promoted and decision.reason == "first model: no champion yet"
+    assert decision.champion_score is None and decision.challenger_score == _score(p)
+    champion = p.champion_dir
+    assert sorted(f.name for f in champion.iterdir()) == sorted(
+        ["model.safetensors", "model_config.json", "manifest.json", "metrics.json", "promotion.json"]
+    )
+    for name in ("model.safetensors", "model_config.json", "manifest.json"):
+        assert (champion / name).read_bytes() == (p.model_dir / name).read_bytes()
+    assert (champion / "metrics.json").read_bytes() == (p.eval_dir / "metrics.json").read_bytes()
+    assert json.loads((champion / "promotion.json").read_text())["promoted"] is True
+    assert [h["reason"] for h in read_history(champion)] == ["first model: no champion yet"]
+    assert history_path(champion) == tmp_path / "models" / "history.jsonl"
+    # Nothing half-written is left beside the champion.
+    assert sorted(f.name for f in champion.parent.iterdir()) == [".champion.lock", "champion", "history.jsonl"]
+
+
+def test_worse_challenger_leaves_champion_byte_identical(tmp_path: Path, table: pd.DataFrame) -> None:
+    good = _challenger(tmp_path, "good", table, skill=0.5)
+    promote(good)
+    before = _snapshot(good.champion_dir)
+    worse = _challenger(tmp_path, "worse", table, skill=0.0)
+    decision = promote(worse)
+    assert not decision.promoted
+    assert decision.champion_score == _score(good) and decision.challenger_score == _score(worse)
+    assert not decision.champion_rescored
+    assert "needs > 0" in decision.reason
+    assert _snapshot(good.champion_dir) == before
+    history = read_history(good.champion_dir)
+    assert [(h["promoted"], h["challenger_score"], h["champion_score"]) for h in history] == [
+        (True, _score(good), None), (False, _score(worse), _score(good)),
+    ]
+    assert "roc_auc" in render_decision_markdown(decision) and "not promoted" in render_decision_markdown(decision)
+
+
+def test_better_challenger_replaces_champion(tmp_path: Path, table: pd.DataFrame) -> None:
+    weak = _challenger(tmp_path, "weak", table, skill=0.1)
+    promote(weak)
+    strong = _challenger(tmp_path, "strong", table, skill=0.6)
+    decision = promote(strong)
+    assert decision.promoted and decision.champion_score == _score(weak)
+    assert decision.previous_champion_sha256 == sha256_file(weak.model_dir / "model.safetensors")
+    champion = strong.champion_dir
+    assert (champion / "model.safetensors").read_bytes() == (strong.model_dir / "model.safetensors").read_bytes()
+    assert (champion / "metrics.json").read_bytes() == (strong.eval_dir / "metrics.json").read_bytes()
+    assert [h["promoted"] for h in read_history(champion)] == [True, True]
+    assert not [f for f in champion.parent.iterdir() if f.name.startswith(".champion.") and f.is_dir()]
+
+
+def test_min_delta_and_ties_are_not_promoted(tmp_path: Path, table: pd.DataFrame) -> None:
+    base = _challenger(tmp_path, "base", table, skill=0.3)
+    promote(base)
+    slightly = _challenger(tmp_path, "slightly", table, skill=0.35)
+    delta = _score(slightly) - _score(base)
+    assert delta > 0
+    before = _snapshot(base.champion_dir)
+    decision = promote(slightly.model_copy(update={"min_delta": delta + 0.01}))
+    assert not decision.promoted and f"min_delta {delta + 0.01}" in decision.reason
+    tie = _challenger(tmp_path, "tie", table, skill=0.3)  # same predictions, other weights: equal score
+    assert _score(tie) == _score(base)
+    assert not promote(tie).promoted
+    assert _snapshot(base.champion_dir) == before
+    assert len(read_history(base.champion_dir)) == 3
+
+
+def test_failed_validation_is_never_promoted(tmp_path: Path, table: pd.DataFrame) -> None:
+    first = _challenger(tmp_path, "first", table, skill=0.2, passed=False)
+    decision = promote(first)
+    assert not decision.promoted and not decision.validation_passed
+    assert "validation did not pass" in decision.reason
+    assert not first.champion_dir.exists()
+    promote(_challenger(tmp_path, "ok", table, skill=0.2))
+    before = _snapshot(first.champion_dir)
+    better_but_failed = _challenger(tmp_path, "failed", table, skill=0.9, passed=False)
+    assert not promote(better_but_failed).promoted
+    missing_report = better_but_failed.model_copy(update={"validation_report": tmp_path / "nope.json"})
+    decision = promote(missing_report)
+    assert not decision.promoted and "no validation report at" in decision.reason
+    unverified = _challenger(tmp_path, "unverified", table, skill=0.9)
+    manifest = json.loads((unverified.model_dir / "manifest.json").read_text())
+    (unverified.model_dir / "manifest.json").write_text(json.dumps({**manifest, "output": {"sha256": "0" * 64}}))
+    decision = promote(unverified)
+    assert not decision.promoted and "is not the file its manifest verified" in decision.reason
+    assert _snapshot(first.champion_dir) == before
+    assert [h["promoted"] for h in read_history(first.champion_dir)] == [False, True, False, False, False]
+
+
+def test_unusable_challengers_raise_and_touch_nothing(tmp_path: Path, table: pd.DataFrame) -> None:
+    good = _challenger(tmp_path, "good", table, skill=0.5)
+    promote(good)
+    before, history_before = _snapshot(good.champion_dir), history_path(good.champion_dir).read_bytes()
+
+    stale = _challenger(tmp_path, "stale", table, skill=0.9)
+    save_file({"head.weight": torch.zeros(2, 8)}, str(stale.model_dir / "model.safetensors"))
+    with pytest.raises(StageError, match=r"the evaluation is stale\. Run `python -m tasks evaluate` again"):
+        promote(stale)
+
+    no_eval = _challenger(tmp_path, "no_eval", table, skill=0.9)
+    (no_eval.eval_dir / "metrics.json").unlink()
+    with pytest.raises(StageError, match=r"metrics\.json: missing\. Run `python -m tasks evaluate`"):
+        promote(no_eval)
+
+    no_weights = _challenger(tmp_path, "no_weights", table, skill=0.9)
+    (no_weights.model_dir / "model.safetensors").unlink()
+    with pytest.raises(StageError, match=r"missing model\.safetensors.*python -m tasks convert"):
+        promote(no_weights)
+
+    other_data = _challenger(tmp_path, "other", table, skill=0.9)
+    _write_test_set(tmp_path / "validated", seed=1)  # the data changed after this evaluation
+    with pytest.raises(StageError, match=r"computed on another test set.*Run `python -m tasks evaluate`"):
+        promote(other_data)
+
+    assert _snapshot(good.champion_dir) == before
+    assert history_path(good.champion_dir).read_bytes() == history_before
+
+
+def test_crash_while_copying_keeps_old_champion(
+    tmp_path: Path, table: pd.DataFrame, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    promote(_challenger(tmp_path, "weak", table, skill=0.1))
+    champion = tmp_path / "models" / "champion"
+    before = _snapshot(champion)
+    real_copy = promote_module.shutil.copy2
+    calls = []
+
+    def copy_then_fail(src: Path, dst: Path) -> None:
+        calls.append(src)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        real_copy(src, dst)
+
+    monkeypatch.setattr(promote_module.shutil, "copy2", copy_then_fail)
+    with pytest.raises(OSError, match="No space left"):
+        promote(_challenger(tmp_path, "strong", table, skill=0.6))
+    assert _snapshot(champion) == before
+    assert sorted(f.name for f in champion.parent.iterdir()) == [".champion.lock", "champion", "history.jsonl"]
+    assert len(read_history(champion)) == 1  # the failed install is not recorded as a promotion
+
+
+def test_promote_cli_prints_the_decision(
+    tmp_path: Path, table: pd.DataFrame, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tasks.__main__ import main
+
+    p = _challenger(tmp_path, "cli", table, skill=0.4)
+    args = ["promote", "--params", str(Path(__file__).resolve().parents[1] / "params.yaml")]
+    for key in ("model_dir", "eval_dir", "champion_dir", "data_dir", "validation_report"):
+        args += [f"--{key.replace('_', '-')}", str(getattr(p, key))]
+    assert main([*args, "--min-delta", "0.01"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["promoted"] is True and printed["min_delta"] == 0.01
+    assert printed == read_history(p.champion_dir)[0]
+    (p.eval_dir / "metrics.json").unlink()
+    assert main(args) == 1
+    assert "metrics.json: missing. Run `python -m tasks evaluate`" in capsys.readouterr().err
+
+
+def test_interrupted_swap_is_recovered(tmp_path: Path, table: pd.DataFrame) -> None:
+    good = _challenger(tmp_path, "good", table, skill=0.5)
+    promote(good)
+    champion = good.champion_dir
+    before = {name: data for name, (data, _) in _snapshot(champion).items()}
+    # State after a crash between the two renames: the old champion only under its backup name.
+    os.rename(champion, champion.parent / ".champion.old-deadbeef")
+    (champion.parent / ".champion.incoming-cafebabe").mkdir()
+    decision = promote(_challenger(tmp_path, "worse", table, skill=0.0))
+    assert not decision.promoted and decision.champion_score == _score(good)
+    assert {name: data for name, (data, _) in _snapshot(champion).items()} == before
+    assert sorted(f.name for f in champion.parent.iterdir()) == [".champion.lock", "champion", "history.jsonl"]
+
+
+def test_concurrent_promotions_are_serialised(tmp_path: Path, table: pd.DataFrame) -> None:
+    a = _challenger(tmp_path, "a", table, skill=0.3)
+    b = _challenger(tmp_path, "b", table, skill=0.6)
+    lock = FileLock(tmp_path / "models" / ".champion.lock")
+    (tmp_path / "models").mkdir()
+    with lock:
+        with pytest.raises(StageError, match=r"another promotion into .*champion held .*\.champion\.lock"):
+            promote(a.model_copy(update={"lock_timeout_s": 0.2}))
+    assert not a.champion_dir.exists() and not history_path(a.champion_dir).exists()
+
+    errors: list[BaseException] = []
+
+    def run(p: PromoteParams) -> None:
+        try:
+            promote(p)
+        except BaseException as e:  # surfaced by the assert below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(p,)) for p in (a, b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    history = read_history(a.champion_dir)
+    assert len(history) == 2 and history[0]["reason"] == "first model: no champion yet"
+    # Whatever the order, the better model ends up champion and the second decision saw the first.
+    assert (a.champion_dir / "model.safetensors").read_bytes() == (b.model_dir / "model.safetensors").read_bytes()
+    assert history[1]["champion_score"] == history[0]["challenger_score"]
+
+
+# ------------------------------------------------------- real converted models and evaluations (slow chain)
+def _real(chain, model: str, champion_dir: Path, **update: object) -> PromoteParams:
+    fields = {"model_dir": getattr(chain, model), "eval_dir": getattr(chain, f"{model}_eval"),
+              "champion_dir": champion_dir, "data_dir": chain.data_dir,
+              "validation_report": chain.validation_report, "lock_timeout_s": 30}
+    return PromoteParams(**{**fields, **update})
+
+
+@pytest.mark.slow
+def test_real_worse_model_is_refused_and_better_one_promoted(tiny_model_chain, tmp_path: Path) -> None:
+    chain = tiny_model_chain
+    trained_score = json.loads((chain.trained_eval / "metrics.json").read_text())["primary_metric"]["value"]
+
+    # The trained model is champion; the constant one (AUC 0.5) is refused, the champion untouched.
+    champion = tmp_path / "a" / "champion"
+    assert promote(_real(chain, "trained", champion)).promoted
+    before = _snapshot(champion)
+    decision = promote(_real(chain, "constant", champion))
+    assert not decision.promoted and (decision.challenger_score, decision.champion_score) == (0.5, trained_score)
+    assert _snapshot(champion) == before
+
+    # The other way round, the trained model replaces the constant one.
+    champion = tmp_path / "b" / "champion"
+    promote(_real(chain, "constant", champion))
+    decision = promote(_real(chain, "trained", champion))
+    assert decision.promoted and (decision.challenger_score, decision.champion_score) == (trained_score, 0.5)
+    for name in ("model.safetensors", "model_config.json", "manifest.json"):
+        assert (champion / name).read_bytes() == (chain.trained / name).read_bytes()
+    assert [h["promoted"] for h in read_history(champion)] == [True, True]
+
+
+@pytest.mark.slow
+def test_champion_scored_on_another_test_set_is_rescored(tiny_model_chain, tmp_path: Path) -> None:
+    from tasks.evaluate import evaluate
+    from tasks.params import EvaluateParams
+
+    chain = tiny_model_chain
+    # Last run's test set: half of today's rows (the dataset grew since the champion was evaluated).
+    old_data = tmp_path / "old_validated"
+    old_data.mkdir()
+    test = pd.read_parquet(chain.data_dir / "test.parquet")
+    test.head(len(test) // 2).to_parquet(old_data / "test.parquet", index=False)
+    meta = json.loads((chain.data_dir / "meta.json").read_text())
+    (old_data / "meta.json").write_text(json.dumps({**meta, "dataset_root": str(chain.images_root)}))
+    evaluate(EvaluateParams(model_dir=chain.trained, data_dir=old_data, out_dir=tmp_path / "old_eval"))
+    champion = tmp_path / "models" / "champion"
+    promote(_real(chain, "trained", champion, eval_dir=tmp_path / "old_eval", data_dir=old_data))
+    before = _snapshot(champion)
+
+    decision = promote(_real(chain, "constant", champion))
+    assert decision.champion_rescored and not decision.promoted
+    # Re-scored on today's test set by the Predictor: exactly the evaluation's score of that model there.
+    trained = json.loads((chain.trained_eval / "metrics.json").read_text())["primary_metric"]["value"]
+    assert decision.champion_score == trained and decision.challenger_score == 0.5
+    assert "re-scored on the current test set" in decision.reason
+    assert _snapshot(champion) == before
+
+
+@pytest.mark.slow
+def test_failed_validation_run_never_touches_champion(tiny_model_chain, tmp_path: Path) -> None:
+    from tasks.params import ValidateParams
+    from tasks.validate import validate
+
+    chain = tiny_model_chain
+    reports = tmp_path / "reports"
+    shutil.copytree(chain.validation_report.parent, reports)
+    champion = tmp_path / "models" / "champion"
+    promote(_real(chain, "constant", champion, validation_report=reports / "validation.json"))
+    before, history_before = _snapshot(champion), history_path(champion).read_bytes()
+
+    # A new run on bad data: a label outside the binary set. Validation fails and says so in its report.
+    bad = tmp_path / "bad" / "petfinder_for_tutorial"
+    bad.mkdir(parents=True)
+    (bad / "images").mkdir()
+    for name in ("train.csv", "test.csv"):
+        rows = pd.read_csv(chain.images_root / name, index_col=0).head(30)
+        if name == "train.csv":
+            rows.loc[rows.index[3], "AdoptionSpeed"] = 7
+        rows.to_csv(bad / name)
+        for cell in rows["Images"]:
+            for image in split_images(cell):
+                shutil.copy2(chain.images_root / image, bad / image)
+    with pytest.raises(StageError, match="AdoptionSpeed"):
+        validate(ValidateParams(dataset_dir=bad, out_dir=tmp_path / "validated", report_dir=reports))
+    assert json.loads((reports / "validation.json").read_text())["success"] is False
+
+    # Even a better model (the trained one) is not promoted after that failed validation.
+    decision = promote(_real(chain, "trained", champion, validation_report=reports / "validation.json"))
+    assert not decision.promoted and not decision.validation_passed
+    assert "validation did not pass" in decision.reason
+    assert _snapshot(champion) == before
+    assert history_path(champion).read_bytes().startswith(history_before)
+    assert len(read_history(champion)) == 2
