@@ -1,0 +1,69 @@
+"""Markdown for the flow's Prefect artifacts, built from the files the stages write (their contracts).
+
+Pure functions of dicts, so they are tested without a Prefect server.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+# Shown first in the training table, when train_summary.json has them.
+TRAINING_KEYS: tuple[str, ...] = (
+    "strategy", "zero_stage", "world_size", "num_nodes", "precision", "epochs", "steps", "samples_per_s",
+    "best_score", "metric", "best_checkpoint",
+)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, dict | list):
+        return f"`{json.dumps(value, default=str)}`"
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def key_value_table(data: Mapping[str, Any], first: tuple[str, ...] = ()) -> str:
+    keys = [k for k in first if k in data] + [k for k in data if k not in first]
+    rows = ["| key | value |", "|---|---|"] + [f"| {k} | {_cell(data[k])} |" for k in keys]
+    return "\n".join(rows) + "\n"
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """The file's JSON object, or None when the stage did not write it (the artifact then says so)."""
+    try:
+        data = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def training_markdown(summary: Mapping[str, Any] | None, path: Path) -> str:
+    if summary is None:
+        return f"# Training\n\n`{path}` was not written.\n"
+    return f"# Training\n\nFrom `{path}`.\n\n" + key_value_table(summary, TRAINING_KEYS)
+
+
+def conversion_markdown(manifest: Mapping[str, Any] | None, path: Path) -> str:
+    if manifest is None:
+        return f"# Conversion\n\n`{path}` was not written.\n"
+    return f"# Conversion manifest\n\nFrom `{path}`.\n\n" + key_value_table(manifest)
+
+
+def run_manifest_markdown(manifest_path: Path, summary: Mapping[str, Any]) -> str:
+    lines = [
+        "# Run manifest",
+        "",
+        f"Manifest: `{manifest_path}` (git rev, dvc.lock, params, metrics).",
+        "",
+        f"- git rev: `{summary.get('git_rev')}`" + (" (uncommitted changes)" if summary.get("git_dirty") else ""),
+        f"- DVC remote: `{summary.get('remote')}`, pushed: {summary.get('pushed')}",
+    ]
+    if summary.get("recorded_params"):
+        lines.append(f"- params.yaml updated with this run's values: {', '.join(summary['recorded_params'])}")
+    lines += ["", "| stage | output | md5 |", "|---|---|---|"]
+    for stage, outs in (summary.get("outs") or {}).items():
+        lines += [f"| {stage} | `{path}` | `{md5}` |" for path, md5 in outs.items()]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,329 @@
+"""The retrain flow: download -> validate -> train -> convert -> evaluate -> version -> promote.
+
+Each step is a thin Prefect task over the stage function `tasks.<stage>.<stage>` that `dvc repro` also
+runs. Only the download is retried (network failures are transient); a refused dataset or a failed
+training stops the flow before any later step, so nothing versioned or promoted changes. Training runs as
+its own process group (see tasks/train.py), so this flow's body runs once however many ranks train.
+
+Run it directly (Prefect starts a temporary local server):
+    python -m flows.retrain                       # params.yaml, embedded dataset
+    python -m flows.retrain --source url          # the real PetFinder tutorial zip
+    python -m flows.retrain --set train.max_epochs=2 --set train.strategy=ddp
+or through the deployments in prefect.yaml (README, "Prefect").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from filelock import FileLock, Timeout
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run
+from pydantic import BaseModel, ValidationError
+
+from flows.artifacts import (
+    conversion_markdown,
+    read_json,
+    run_manifest_markdown,
+    training_markdown,
+)
+from flows.overrides import ParamOverrides, overrides_dict, parse_set, resolve_params
+from tasks.errors import StageError
+from tasks.params import (
+    ConvertParams,
+    DownloadParams,
+    EvaluateParams,
+    Params,
+    ParamsError,
+    PromoteParams,
+    TrainParams,
+    ValidateParams,
+    VersionParams,
+)
+
+RUN_LOG_NAME = "flow_runs.jsonl"
+
+
+def _transient(task: Any, task_run: Any, state: Any) -> bool:
+    """Retry the download unless it refused its input (StageError: bad checksum, unsafe zip, bad URL)."""
+    try:
+        state.result()
+    except (StageError, ParamsError):
+        return False
+    except Exception:
+        return True
+    return False
+
+
+@task(name="download", retries=2, retry_delay_seconds=[10, 60], retry_condition_fn=_transient, cache_policy=NO_CACHE)
+def download_task(params: DownloadParams) -> Any:
+    from tasks.download import download
+
+    return download(params)
+
+
+@task(name="validate", retries=0, cache_policy=NO_CACHE)
+def validate_task(params: ValidateParams) -> Any:
+    from tasks.validate import validate
+
+    try:
+        result = validate(params)
+    except StageError:
+        # the report says which rows and columns failed: show it in the UI too, then stop the flow
+        create_markdown_artifact(
+            key="retrain-validation", markdown=validation_markdown(params), description="Validation FAILED"
+        )
+        raise
+    create_markdown_artifact(
+        key="retrain-validation", markdown=validation_markdown(params), description="Validation summary"
+    )
+    return result
+
+
+@task(name="train", retries=0, cache_policy=NO_CACHE)
+def train_task(params: TrainParams) -> Any:
+    from tasks.train import train
+
+    result = train(params, logger=get_run_logger())  # every rank's output, line by line, in the run's logs
+    summary_path = params.out_dir / "train_summary.json"
+    summary = read_json(summary_path)
+    create_markdown_artifact(
+        key="retrain-training", markdown=training_markdown(summary, summary_path), description="Training summary"
+    )
+    return result
+
+
+@task(name="convert", retries=0, cache_policy=NO_CACHE)
+def convert_task(params: ConvertParams) -> Any:
+    from tasks.convert import convert
+
+    result = convert(params)
+    manifest_path = params.out_dir / "manifest.json"
+    create_markdown_artifact(
+        key="retrain-conversion",
+        markdown=conversion_markdown(read_json(manifest_path), manifest_path),
+        description="Conversion manifest",
+    )
+    return result
+
+
+@task(name="evaluate", retries=0, cache_policy=NO_CACHE)
+def evaluate_task(params: EvaluateParams) -> Any:
+    from tasks.evaluate import evaluate, render_markdown
+
+    result = evaluate(params)
+    metrics = read_json(params.out_dir / "metrics.json") or {}
+    ablation = read_json(params.out_dir / "ablation.json")
+    create_markdown_artifact(
+        key="retrain-metrics", markdown=render_markdown(metrics, ablation), description="Test-set metrics"
+    )
+    create_table_artifact(
+        key="retrain-metrics-table",
+        table=[{"metric": k, "value": v} for k, v in metrics.get("metrics", {}).items()],
+        description="Test-set metrics",
+    )
+    return result
+
+
+@task(name="version", retries=0, cache_policy=NO_CACHE)
+def version_task(params: VersionParams, effective: Params, run_id: str, extra: dict[str, Any]) -> Any:
+    from tasks.version import version
+
+    result = version(params, effective=effective, run_id=run_id, extra=extra)
+    create_markdown_artifact(
+        key="retrain-run-manifest",
+        markdown=run_manifest_markdown(result.manifest, result.model_dump(mode="json")),
+        description="Run manifest: git rev, dvc.lock hashes, params, metrics",
+    )
+    return result
+
+
+@task(name="promote", retries=0, cache_policy=NO_CACHE)
+def promote_task(params: PromoteParams, run_manifest: Path | None) -> Any:
+    from tasks.promote import promote, render_decision_markdown
+
+    decision = promote(params)
+    pointer = f"\n\nRun manifest: `{run_manifest}`\n" if run_manifest else "\n"
+    create_markdown_artifact(
+        key="retrain-promotion",
+        markdown=render_decision_markdown(decision) + pointer,
+        description="Promotion decision",
+    )
+    return decision
+
+
+def validation_markdown(params: ValidateParams) -> str:
+    """The validate stage's own markdown report (tasks.validation_report.render_markdown wrote it)."""
+    report = params.report_dir / "validation.md"
+    if report.is_file():
+        return report.read_text()
+    return f"# Validation\n\n`{report}` was not written; see the task's log.\n"
+
+
+class RetrainResult(BaseModel):
+    run_id: str
+    metrics: dict[str, Any]
+    run_manifest: Path | None
+    promoted: bool | None
+    champion_dir: Path
+    eval_dir: Path
+
+
+def _append_run_log(log_dir: Path, event: str, run_id: str, **fields: Any) -> None:
+    """One line per start/finish/failure of this flow's body: an audit of retrains in this workspace."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    record = {"event": event, "run_id": run_id, "pid": os.getpid(), "time": datetime.now(UTC).isoformat(), **fields}
+    with open(log_dir / RUN_LOG_NAME, "a") as f:
+        f.write(json.dumps(record, default=str) + "\n")
+
+
+@contextmanager
+def _workspace_lock(log_dir: Path) -> Iterator[None]:
+    """Two retrains in one workspace would overwrite each other's files: refuse the second at once."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(log_dir / ".retrain.lock"), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise StageError(
+            f"another retrain is running in {Path.cwd()} (it holds {lock.lock_file}); wait for it to finish. "
+            "Deployments queue runs by themselves (concurrency limit 1)."
+        ) from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _run_id() -> str:
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    return f"{stamp}-{(flow_run.get_id() or 'local')[:8]}"
+
+
+@flow(name="retrain", log_prints=True)
+def retrain(
+    params_path: Path = Path("params.yaml"),
+    source: Literal["synthetic", "url"] | None = None,
+    overrides: ParamOverrides | None = None,  # type: ignore[valid-type]
+    promote_model: bool = True,
+    version_outputs: bool = True,
+) -> RetrainResult:
+    """Retrain, version and (if better) promote the PetFinder fusion model.
+
+    Args:
+        params_path: params.yaml to read, relative to the project root (the working directory).
+        source: "synthetic" (embedded offline dataset) or "url" (download `download.url`); None keeps
+            params.yaml's `download.source`.
+        overrides: params.yaml keys to replace for this run, e.g. {"train": {"max_epochs": 1}}.
+        promote_model: compare with the champion and promote if better.
+        version_outputs: `dvc commit` + `dvc push` the outputs and write a run manifest.
+    """
+    logger = get_run_logger()
+    changes = overrides_dict(overrides)
+    if source is not None:
+        changes.setdefault("download", {})["source"] = source
+    params = resolve_params(params_path, changes)
+    run_id = _run_id()
+    log_dir = params.version.manifest_dir
+    with _workspace_lock(log_dir):
+        _append_run_log(log_dir, "started", run_id, flow_run_id=flow_run.get_id(), overrides=changes)
+        try:
+            result = _pipeline(params, run_id, promote_model, version_outputs, changes)
+        except BaseException as e:
+            _append_run_log(log_dir, "failed", run_id, error=f"{type(e).__name__}: {e}"[:500])
+            raise
+        _append_run_log(log_dir, "finished", run_id, promoted=result.promoted)
+    logger.info("retrain %s finished: %s", run_id, json.dumps(result.metrics, default=str))
+    return result
+
+
+def _pipeline(params: Params, run_id: str, promote_model: bool, version_outputs: bool, changes: dict) -> RetrainResult:
+    download_task(params.download)
+    validate_task(params.validate_)
+    train_task(params.train)
+    convert_task(params.convert)
+    evaluate_task(params.evaluate)
+    metrics = read_json(params.evaluate.out_dir / "metrics.json") or {}
+    manifest = None
+    if version_outputs:
+        extra = {"flow_run_id": flow_run.get_id(), "overrides": changes}
+        manifest = version_task(params.version, params, run_id, extra).manifest
+    promoted = None
+    if promote_model:
+        decision = promote_task(params.promote, manifest)
+        promoted = decision.promoted
+        if manifest is not None:
+            _annotate(manifest, {"promotion": decision.model_dump(mode="json")})
+    return RetrainResult(
+        run_id=run_id, metrics=metrics, run_manifest=manifest, promoted=promoted,
+        champion_dir=params.promote.champion_dir, eval_dir=params.evaluate.out_dir,
+    )
+
+
+def _annotate(manifest: Path, fields: dict[str, Any]) -> None:
+    from tasks.version import write_json_atomic
+
+    data = json.loads(manifest.read_text())
+    write_json_atomic(manifest, {**data, **fields})
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m flows.retrain", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--params", default="params.yaml", type=Path, help="params file (default params.yaml)")
+    parser.add_argument("--source", choices=["synthetic", "url"], help="dataset source (default: params.yaml)")
+    parser.add_argument(
+        "--set", dest="assignments", action="append", default=[], metavar="SECTION.KEY=VALUE",
+        help="override one params.yaml key for this run (repeatable), e.g. --set train.max_epochs=2",
+    )
+    parser.add_argument("--no-promote", action="store_true", help="stop after versioning; keep the champion")
+    parser.add_argument("--no-version", action="store_true", help="skip dvc commit/push and the run manifest")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        overrides = ParamOverrides.model_validate(parse_set(args.assignments))
+        resolve_params(args.params, overrides_dict(overrides))  # fail before Prefect starts
+    except ParamsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except ValidationError as e:
+        print(f"error: --set: {e}", file=sys.stderr)
+        return 2
+    state = retrain(
+        params_path=args.params, source=args.source, overrides=overrides,
+        promote_model=not args.no_promote, version_outputs=not args.no_version, return_state=True,
+    )
+    if not state.is_completed():
+        print(f"error: the retrain flow ended {state.name}: {state.message}", file=sys.stderr)
+        return 1
+    result: RetrainResult = state.result()
+    _print_outcome(result)
+    return 0
+
+
+def _print_outcome(result: RetrainResult) -> None:
+    from tasks.evaluate import render_markdown
+
+    eval_dir = result.eval_dir
+    print(render_markdown(result.metrics, read_json(eval_dir / "ablation.json")) if result.metrics else "")
+    print(f"plots: {eval_dir / 'roc.png'}, {eval_dir / 'confusion_matrix.png'} (offline PNGs)")
+    if result.run_manifest:
+        print(f"run manifest: {result.run_manifest}")
+    if result.promoted is not None:
+        print(f"champion: {result.champion_dir} ({'promoted this run' if result.promoted else 'kept'})")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,225 @@
+"""Version step: record in DVC exactly what a run produced, push it, and write a run manifest.
+
+`dvc commit` of the pipeline's stages makes `dvc.lock` describe the outputs now in the workspace (so
+`dvc status` and `dvc repro` agree with the run), `dvc push` copies them to the configured remote, and the
+run manifest (git rev, dvc.lock, params, metrics) names all of it in one JSON file that promotion and the
+Prefect artifacts point to. DVC refuses a second command on a repo while one runs: this step serialises
+its own calls with a file lock and tells DVC to wait for the repo lock instead of failing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+from filelock import FileLock, Timeout
+from pydantic import BaseModel
+
+from tasks.errors import StageError
+from tasks.params import Params, VersionParams, load_params
+
+LOCK_FILE = Path(".dvc/tmp/version.lock")
+
+
+class VersionSummary(BaseModel):
+    run_id: str
+    manifest: Path
+    git_rev: str | None
+    git_dirty: bool
+    remote: str | None
+    pushed: bool
+    recorded_params: list[str]
+    outs: dict[str, dict[str, str]]
+    metrics: dict[str, Any]
+
+
+def _run(cmd: list[str], timeout_s: float, what: str, fix: str) -> str:
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        raise StageError(f"`{' '.join(cmd[2:])}` did not finish in {timeout_s:.0f} s. {fix}") from None
+    if done.returncode != 0:
+        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
+        raise StageError(f"{what} failed (exit {done.returncode}):\n{tail}\n{fix}")
+    return done.stdout
+
+
+def dvc(*args: str, timeout_s: float = 1800, fix: str = "") -> str:
+    """Run one DVC command in the current repo; waits for DVC's repo lock rather than failing on it."""
+    cmd = [sys.executable, "-m", "dvc", "--wait-for-lock", *args]
+    return _run(cmd, timeout_s, f"`dvc {' '.join(args)}`", fix)
+
+
+def git_state() -> tuple[str | None, bool]:
+    """(HEAD commit, whether tracked files differ from it); (None, False) outside git or before a commit."""
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
+        if rev.returncode != 0:
+            return None, False
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, check=False
+        )
+        return rev.stdout.strip(), bool(status.stdout.strip())
+    except FileNotFoundError:  # git not installed: the manifest still records DVC's hashes
+        return None, False
+
+
+def record_params(params_file: Path, effective: Params) -> list[str]:
+    """Write the run's parameters into params.yaml where they differ, keeping its comments.
+
+    What `dvc exp run -S key=value` does: params.yaml then describes the outputs in the workspace, so
+    `dvc commit` records the parameters the run really used. Returns the changed keys, dotted.
+    """
+    from ruamel.yaml import YAML  # round-trip loader: comments and key order survive
+
+    current = load_params(params_file).model_dump(mode="json", by_alias=True)
+    wanted = effective.model_dump(mode="json", by_alias=True)
+    changes: list[tuple[list[str], Any]] = []
+
+    def diff(old: Any, new: Any, key: list[str]) -> None:
+        if isinstance(old, dict) and isinstance(new, dict):
+            for k in new:
+                diff(old.get(k), new[k], [*key, k])
+        elif old != new:
+            changes.append((key, new))
+
+    diff(current, wanted, [])
+    if not changes:
+        return []
+    rt = YAML()
+    rt.preserve_quotes = True
+    # write `null` as null, not as an empty value (ruamel's default), so untouched lines stay identical
+    rt.representer.add_representer(type(None), lambda r, _: r.represent_scalar("tag:yaml.org,2002:null", "null"))
+    doc = rt.load(params_file.read_text())
+    for key, value in changes:
+        node = doc
+        for k in key[:-1]:
+            if node.get(k) is None:
+                node[k] = {}
+            node = node[k]
+        node[key[-1]] = value
+    tmp = params_file.with_name(f".{params_file.name}.{uuid.uuid4().hex[:8]}")
+    with open(tmp, "w") as f:
+        rt.dump(doc, f)
+    os.replace(tmp, params_file)
+    return [".".join(k) for k, _ in changes]
+
+
+def lock_outs(lock: dict[str, Any], stages: list[str]) -> dict[str, dict[str, str]]:
+    """stage -> {output path: md5} from a parsed dvc.lock."""
+    found = lock.get("stages", {})
+    return {s: {o["path"]: o.get("md5", "") for o in found.get(s, {}).get("outs", [])} for s in stages}
+
+
+def flatten_metrics(shown: dict[str, Any]) -> dict[str, Any]:
+    """`dvc metrics show --json` ({"": {"data": {file: {"data": values}}}}) -> {file: values}, workspace only."""
+    files = shown.get("", {}).get("data", {})
+    return {path: entry.get("data", entry.get("error")) for path, entry in files.items()}
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def _check_repo(params: VersionParams) -> None:
+    if not Path(".dvc").is_dir():
+        raise StageError(
+            f"{Path.cwd()}: not a DVC repository (no .dvc/ folder). Run from the project root, or run "
+            "`git init && dvc init` and add a remote (`dvc remote add -d storage <folder>`) first."
+        )
+    if not Path("dvc.yaml").is_file():
+        raise StageError(f"{Path.cwd() / 'dvc.yaml'}: missing; the version step commits the stages it declares.")
+    unknown = [s for s in params.stages if not _stage_declared(s)]
+    if unknown:
+        raise StageError(
+            f"dvc.yaml: no stage named {', '.join(unknown)}. Fix `version.stages` in {params.params_file} "
+            "to name stages of dvc.yaml."
+        )
+
+
+def _stage_declared(stage: str) -> bool:
+    return stage in (yaml.safe_load(Path("dvc.yaml").read_text()) or {}).get("stages", {})
+
+
+def default_remote() -> str | None:
+    """The `core.remote` of .dvc/config (config.local and the user's config included), read in-process."""
+    from dvc.config import Config
+
+    return Config.from_cwd()["core"].get("remote") or None
+
+
+def version(
+    params: VersionParams,
+    effective: Params | None = None,
+    run_id: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> VersionSummary:
+    """Commit `params.stages` to dvc.lock, push them, write `<manifest_dir>/<run_id>.json`.
+
+    `effective`: the parameters the run used (the flow's overrides applied); written into params.yaml
+    first so dvc.lock records them. `extra` goes into the manifest as is (e.g. the flow run's id).
+    Run from the repository root.
+    """
+    _check_repo(params)
+    run_id = run_id or datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
+    LOCK_FILE.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with FileLock(str(LOCK_FILE), timeout=params.lock_timeout_s):
+            remote = params.remote or default_remote()
+            if params.push and remote is None:  # before anything changes
+                raise StageError(
+                    "no DVC remote to push to: .dvc/config names no default remote. Add one "
+                    "(`dvc remote add -d storage /path/to/folder`) or set `version.remote` / "
+                    "`version.push: false` in params.yaml."
+                )
+            recorded = record_params(params.params_file, effective) if effective is not None else []
+            commit_fix = (
+                "Every stage's outputs must exist: run the missing stage (`python -m tasks <stage>`) or "
+                "`dvc repro`, then version again."
+            )
+            dvc("commit", "--force", *params.stages, timeout_s=params.lock_timeout_s, fix=commit_fix)
+            pushed = False
+            if params.push:
+                dvc(
+                    "push", "--remote", remote, *params.stages, timeout_s=params.lock_timeout_s,
+                    fix=f"The outputs are committed locally (dvc.lock); fix the remote `{remote}` and run "
+                    "`dvc push`.",
+                )
+                pushed = True
+            lock = yaml.safe_load(Path("dvc.lock").read_text()) or {}
+            metrics = flatten_metrics(json.loads(dvc("metrics", "show", "--json", timeout_s=300) or "{}"))
+    except Timeout:
+        raise StageError(
+            f"{LOCK_FILE}: another version step has held this lock for over {params.lock_timeout_s:.0f} s. "
+            "Wait for it to finish, or raise `version.lock_timeout_s`; delete the file only if no retrain runs."
+        ) from None
+    rev, dirty = git_state()
+    outs = lock_outs(lock, params.stages)
+    manifest_path = params.manifest_dir / f"{run_id}.json"
+    write_json_atomic(
+        manifest_path,
+        {
+            "run_id": run_id,
+            "created_at": datetime.now(UTC).isoformat(),
+            "git": {"rev": rev, "dirty": dirty},
+            "dvc": {"remote": remote, "pushed": pushed, "stages": params.stages, "outs": outs, "lock": lock},
+            "recorded_params": recorded,
+            "params": yaml.safe_load(params.params_file.read_text()),
+            "metrics": metrics,
+            **(extra or {}),
+        },
+    )
+    return VersionSummary(
+        run_id=run_id, manifest=manifest_path, git_rev=rev, git_dirty=dirty, remote=remote, pushed=pushed,
+        recorded_params=recorded, outs=outs, metrics=metrics,
+    )

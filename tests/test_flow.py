@@ -1,0 +1,196 @@
+"""The retrain flow's wiring: typed overrides, retries only where transient, artifacts, and a refused
+dataset stopping the flow before training (a real flow run on Prefect's temporary local server).
+
+The whole flow with 2 training ranks, through a deployment and a worker, is in test_deployment.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from filelock import FileLock
+from prefect.exceptions import ParameterTypeError
+from prefect.states import Failed
+from pydantic import ValidationError
+
+from flows.artifacts import key_value_table, training_markdown
+from flows.overrides import ParamOverrides, overrides_dict, parse_set, resolve_params
+from flows.retrain import (
+    RUN_LOG_NAME,
+    _transient,
+    convert_task,
+    download_task,
+    evaluate_task,
+    main,
+    promote_task,
+    retrain,
+    train_task,
+    validate_task,
+    version_task,
+)
+from tasks.errors import StageError
+from tasks.params import ParamsError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# --- parameters ----------------------------------------------------------------------------------------
+
+
+def test_overrides_replace_only_the_given_keys_nested_sections_included() -> None:
+    overrides = ParamOverrides.model_validate(
+        {"train": {"max_epochs": 1}, "download": {"synthetic": {"n_train": 120}, "sha256": None}}
+    )
+    params = resolve_params(ROOT / "params.yaml", overrides_dict(overrides))
+    file = yaml.safe_load((ROOT / "params.yaml").read_text())
+    assert params.train.max_epochs == 1
+    assert params.train.lr == file["train"]["lr"]
+    assert params.download.synthetic.n_train == 120
+    assert params.download.synthetic.n_test == file["download"]["synthetic"]["n_test"]
+    assert overrides_dict(overrides)["download"]["sha256"] is None  # an explicit null is an override too
+
+
+def test_overrides_refuse_an_unknown_key_or_a_wrong_type_naming_it() -> None:
+    with pytest.raises(ValidationError, match=r"train\.max_epoch\b"):
+        ParamOverrides.model_validate({"train": {"max_epoch": 1}})
+    with pytest.raises(ValidationError, match=r"train\.strategy"):
+        ParamOverrides.model_validate({"train": {"strategy": "horovod"}})
+    with pytest.raises(ParamsError, match="train.max_epochs: Input should be greater than or equal to 1"):
+        resolve_params(ROOT / "params.yaml", {"train": {"max_epochs": 0}})
+
+
+def test_prefect_validates_run_parameters_against_the_typed_overrides() -> None:
+    schema = json.dumps(retrain.parameters.model_dump())
+    assert "max_epochs" in schema and "ParamOverrides" in schema
+    with pytest.raises(ParameterTypeError, match="max_epochs"):
+        retrain.validate_parameters({"overrides": {"train": {"max_epochs": "many"}}})
+    with pytest.raises(ParameterTypeError, match="source"):
+        retrain.validate_parameters({"source": "ftp"})
+
+
+def test_set_flag_parses_values_as_yaml_and_explains_its_format() -> None:
+    assert parse_set(["train.hidden_sizes=[8, 4]", "download.synthetic.n_train=120"]) == {
+        "train": {"hidden_sizes": [8, 4]}, "download": {"synthetic": {"n_train": 120}}
+    }
+    with pytest.raises(ParamsError, match=r"expected SECTION.KEY=VALUE, e.g. --set train.max_epochs=1"):
+        parse_set(["max_epochs=1"])
+
+
+def test_main_refuses_bad_overrides_before_starting_prefect(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--params", str(ROOT / "params.yaml"), "--set", "train.max_epochs=0"]) == 2
+    assert "train.max_epochs: Input should be greater than or equal to 1" in capsys.readouterr().err
+    assert main(["--params", str(ROOT / "params.yaml"), "--set", "train.max_epoch=1"]) == 2
+    assert "train.max_epoch" in capsys.readouterr().err
+
+
+# --- retries and artifacts -----------------------------------------------------------------------------
+
+
+def test_only_the_download_retries_and_only_for_transient_failures() -> None:
+    assert download_task.retries == 2
+    for step in (validate_task, train_task, convert_task, evaluate_task, version_task, promote_task):
+        assert step.retries == 0, step.name
+    assert _transient(download_task, None, Failed(data=ConnectionError("reset by peer"))) is True
+    assert _transient(download_task, None, Failed(data=StageError("sha256 mismatch"))) is False
+
+
+def test_training_artifact_puts_strategy_world_size_and_throughput_first() -> None:
+    summary = {"fit_wall_s": 2.5, "samples_per_s": 207.05, "world_size": 2, "strategy": "deepspeed"}
+    lines = training_markdown(summary, Path("data/checkpoints/train_summary.json")).splitlines()
+    rows = [line for line in lines if line.startswith("| ") and "---" not in line][1:]
+    assert rows == ["| strategy | deepspeed |", "| world_size | 2 |", "| samples_per_s | 207.1 |", "| fit_wall_s | 2.5 |"]
+    assert "`{\"a\": 1}`" in key_value_table({"nested": {"a": 1}})
+    assert "was not written" in training_markdown(None, Path("x.json"))
+
+
+# --- real flow runs (Prefect's temporary server) -------------------------------------------------------
+
+
+@pytest.fixture
+def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A project folder whose dataset fails validation: train.csv lacks most required columns."""
+    from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, temporary_settings
+
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["download"]["synthetic"] |= {"n_train": 20, "n_test": 10, "image_size": 16}
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "train.csv").write_text(",Type,Age,AdoptionSpeed\n0,1,3,1\n1,2,5,0\n")
+    (broken / "test.csv").write_text(",Type,Age,AdoptionSpeed\n0,1,3,1\n")
+    params["validate"]["dataset_dir"] = str(broken)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    monkeypatch.chdir(tmp_path)
+    # The temporary server's first start takes ~20 s on an idle 2-core machine, minutes on a busy one.
+    with temporary_settings({PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 300}):
+        yield tmp_path
+
+
+def _task_states(flow_state) -> dict[str, list[str]]:
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_state.state_details.flow_run_id]))
+        )
+    states: dict[str, list[str]] = {}
+    for run in runs:
+        states.setdefault(run.name.rsplit("-", 1)[0], []).append(f"{run.state.type.value}:{run.run_count}")
+    return states
+
+
+def _artifacts(flow_state) -> dict[str, object]:
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    flow_run_id = flow_state.state_details.flow_run_id
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+    return {a.key: a for a in found}
+
+
+@pytest.mark.slow
+def test_a_refused_dataset_stops_the_flow_before_training(workspace: Path) -> None:
+    state = retrain(params_path=Path("params.yaml"), version_outputs=False, return_state=True)
+    assert state.is_failed()
+    with pytest.raises(StageError, match="train.csv"):
+        state.result()
+    # validate ran once (no retry) and nothing after it ran
+    assert _task_states(state) == {"download": ["COMPLETED:1"], "validate": ["FAILED:1"]}
+    assert not (workspace / "data/checkpoints").exists() and not (workspace / "models/champion").exists()
+    events = [json.loads(line) for line in (workspace / "models/runs" / RUN_LOG_NAME).read_text().splitlines()]
+    assert [e["event"] for e in events] == ["started", "failed"]
+    assert "validation of" in events[1]["error"] and "train.csv" in events[1]["error"]
+    report = _artifacts(state)["retrain-validation"]  # the failed report is in the UI too
+    assert report.description == "Validation FAILED" and "Breed1" in report.data
+
+
+@pytest.mark.slow
+def test_a_second_retrain_in_the_same_workspace_is_refused(workspace: Path) -> None:
+    (workspace / "models/runs").mkdir(parents=True)
+    with FileLock(str(workspace / "models/runs/.retrain.lock")):
+        state = retrain(params_path=Path("params.yaml"), version_outputs=False, return_state=True)
+    assert state.is_failed()
+    with pytest.raises(StageError, match="another retrain is running in .* wait for it to finish"):
+        state.result()
+    assert _task_states(state) == {}
+
+
+def test_prefect_yaml_deployments_are_valid_for_this_flow() -> None:
+    from prefect.client.schemas.schedules import CronSchedule
+
+    config = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    deployments = {d["name"]: d for d in config["deployments"]}
+    assert set(deployments) == {"nightly", "on-demand"}
+    for d in deployments.values():
+        path, _, name = d["entrypoint"].partition(":")
+        assert (ROOT / path).is_file() and name == retrain.fn.__name__
+        assert d["work_pool"]["name"] == "retrain-pool"
+        assert d["concurrency_limit"] == {"limit": 1, "collision_strategy": "ENQUEUE"}
+        retrain.validate_parameters(d["parameters"])  # raises on a parameter the flow does not take
+    [schedule] = deployments["nightly"]["schedules"]
+    CronSchedule(cron=schedule["cron"], timezone=schedule["timezone"])
+    assert deployments["nightly"]["parameters"]["source"] == "synthetic"
