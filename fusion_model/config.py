@@ -15,7 +15,7 @@ class TrainConfig(BaseModel):
     out_dir: Path = Path("data/checkpoints")
     seed: int = 42
     # model
-    image_model: str = "resnet18"
+    image_model: str = "test_resnet"
     pretrained: bool | Path = False
     image_size: int = Field(64, ge=16)
     image_index: int = Field(0, ge=0)
@@ -27,18 +27,31 @@ class TrainConfig(BaseModel):
     activation: Literal["relu", "gelu", "leaky_relu", "tanh"] = "gelu"
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
     layer_norm: bool = True
+    # inputs the model sees; a subset trains a single-modality baseline of the same architecture
+    modalities: list[Literal["image", "tabular", "text"]] = ["image", "tabular", "text"]
     # optimisation
     max_epochs: int = Field(8, ge=1)
     batch_size: int = Field(32, ge=1)
     lr: float = Field(2e-3, gt=0)
-    weight_decay: float = Field(1e-4, ge=0)
+    weight_decay: float = Field(0.01, ge=0)
     num_workers: int = Field(0, ge=0)
     # distribution
     strategy: Literal["ddp_spawn", "ddp", "deepspeed"] = "deepspeed"
     zero_stage: Literal[2, 3] = 2
     offload_optimizer: bool = False
+    # ZeRO reduce/all-gather bucket (elements); DeepSpeed's 5e8 default is sized for billion-parameter models
+    zero_bucket_size: int = Field(2_000_000, ge=10_000)
     precision: Literal["32-true", "bf16-mixed", "16-mixed"] = "32-true"
     accelerator: Literal["auto", "cpu", "gpu"] = "auto"
     devices: int | Literal["auto"] = "auto"
     num_nodes: int = Field(1, ge=1)
     threads_per_rank: int = Field(1, ge=1)
+    # multi-node (torchrun static rendezvous): every node runs the stage with its own node_rank and the
+    # same master address/port; on one node the port is chosen free on 127.0.0.1.
+    node_rank: int = Field(0, ge=0)
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = Field(None, ge=1, le=65535)
+    # run control
+    resume: bool = False  # continue from out_dir/last.ckpt (a file, or a ZeRO folder)
+    max_steps: int = Field(-1, ge=-1)  # -1: as many as max_epochs gives; a cap for quick runs
+    save_gathered_weights: Path | None = None  # after fit: the final fp32 weights as safetensors

@@ -1,0 +1,115 @@
+"""Lightning strategy from the training config: ddp_spawn, ddp, or DeepSpeed ZeRO stage 2/3.
+
+On CUDA the stock ``DeepSpeedStrategy`` is used. On CPU a small subclass lifts its three CUDA-only
+assumptions so ZeRO trains with DeepSpeed's CPU accelerator over gloo (CI trains real shards this way).
+deepspeed itself is imported only when a DeepSpeed strategy is set up.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, Strategy
+from torch import nn
+
+from fusion_model.config import TrainConfig
+
+
+class CPUDeepSpeedStrategy(DeepSpeedStrategy):
+    """DeepSpeedStrategy that runs on CPU processes (DeepSpeed's CPU accelerator + gloo)."""
+
+    strategy_name = "deepspeed_cpu"
+
+    def setup_environment(self) -> None:
+        # DeepSpeedStrategy raises for any non-CUDA accelerator here; do what DDPStrategy does instead.
+        DDPStrategy.setup_environment(self)
+
+    def setup_distributed(self) -> None:
+        # skips _validate_device_index_selection: CPU devices have index None
+        from lightning.fabric.utilities.seed import reset_seed
+
+        reset_seed()
+        self.set_world_ranks()
+        self._init_deepspeed_distributed()
+
+    def _setup_model_and_optimizer(
+        self, model: nn.Module, optimizer: Any, lr_scheduler: Any = None,
+    ) -> tuple[Any, Any]:
+        import deepspeed
+
+        engine, ds_optimizer, _, _ = deepspeed.initialize(
+            # root_device.index is None on CPU; DeepSpeed needs a rank to place the process
+            args=argparse.Namespace(device_rank=self.local_rank),
+            config=self.config,
+            model=model,
+            model_parameters=filter(lambda p: p.requires_grad, model.parameters()),
+            optimizer=optimizer,
+            lr_scheduler=lr_scheduler,
+            dist_init_required=False,
+        )
+        return engine, ds_optimizer
+
+    def _initialize_deepspeed_inference(self, model: nn.Module) -> None:
+        import deepspeed
+        from lightning.pytorch.strategies.deepspeed import remove_module_hooks
+
+        assert isinstance(self.config, dict)
+        config: dict[str, Any] = {"train_micro_batch_size_per_gpu": 1}
+        for key in ("fp16", "bf16"):
+            if key in self.config:
+                config[key] = self.config[key]
+        if self.zero_stage_3:
+            config["zero_allow_untested_optimizer"] = True
+            config["zero_optimization"] = self.config["zero_optimization"]
+        remove_module_hooks(model)
+        self.model, _, _, _ = deepspeed.initialize(
+            args=argparse.Namespace(device_rank=self.local_rank), config=config, model=model,
+            optimizer=None, lr_scheduler=None, model_parameters=[], dist_init_required=False,
+        )
+
+
+def deepspeed_config(cfg: TrainConfig, on_cuda: bool = True) -> dict[str, Any]:
+    """The DeepSpeed JSON config; Lightning adds batch size, clipping and the fp16/bf16 blocks."""
+    zero: dict[str, Any] = {
+        "stage": cfg.zero_stage,
+        "contiguous_gradients": True,
+        # DeepSpeed allocates its gradient bucket (reduce_bucket_size elements) at every step, twice with
+        # overlap_comm (double buffering for a side stream). The CPU accelerator has no streams, so on CPU
+        # the overlap never happens and the second buffer is pure allocation cost.
+        "overlap_comm": on_cuda,
+        "reduce_scatter": True,
+        "allgather_partitions": True,
+        # DeepSpeed's default (5e8 elements = 2 GB of fp32 per buffer, allocated every step) is sized for
+        # billion-parameter models; a few million elements hold several layers' gradients.
+        "reduce_bucket_size": cfg.zero_bucket_size,
+        "allgather_bucket_size": cfg.zero_bucket_size,
+    }
+    if cfg.zero_stage == 3:
+        zero.update({
+            "stage3_prefetch_bucket_size": cfg.zero_bucket_size,
+            "stage3_param_persistence_threshold": 100_000,  # small tensors stay whole on every rank
+        })
+    if cfg.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
+    config: dict[str, Any] = {
+        "zero_allow_untested_optimizer": True,  # plain torch AdamW: no CPU-Adam JIT build
+        "zero_optimization": zero,
+        "train_micro_batch_size_per_gpu": cfg.batch_size,
+        "wall_clock_breakdown": False,
+    }
+    if cfg.precision == "bf16-mixed":
+        config["bf16"] = {"enabled": True}
+        # DeepSpeed casts parameters to bf16 but keeps buffers fp32: BatchNorm then fails with
+        # "expected scalar type BFloat16 but found Float" unless buffers follow.
+        config["data_types"] = {"buffer_dtype": "bf16"}
+    return config
+
+
+def build_strategy(cfg: TrainConfig, on_cuda: bool) -> Strategy | str:
+    if cfg.strategy == "ddp_spawn":
+        return DDPStrategy(start_method="spawn", process_group_backend=None if on_cuda else "gloo")
+    if cfg.strategy == "ddp":
+        return DDPStrategy(process_group_backend=None if on_cuda else "gloo")
+    cls = DeepSpeedStrategy if on_cuda else CPUDeepSpeedStrategy
+    return cls(config=deepspeed_config(cfg, on_cuda), process_group_backend=None if on_cuda else "gloo")

@@ -1,0 +1,242 @@
+"""Per-rank training entry point: ``python -m fusion_model.train --config train_config.json``.
+
+Launched by ``torchrun`` once per rank (ddp, deepspeed) or once in total for ``ddp_spawn`` (Lightning
+spawns the ranks). Every rank fits; global rank 0 writes ``model_config.json`` and
+``train_summary.json`` into ``out_dir``. Checkpoints: ``best.ckpt`` (monitored ``val/<metric>``) and
+``last.ckpt`` -- files for ddp, ZeRO folders that every rank writes its shard into for DeepSpeed.
+No checkpoint is converted here: that is a separate stage that runs once all ranks have exited.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from fusion_model.callbacks import ProgressPrinter, Throughput
+from fusion_model.config import TrainConfig
+from fusion_model.data import FusionDataModule, ValidatedData
+from fusion_model.module import FusionModule, metric_name
+from fusion_model.preprocess import Preprocessor
+from fusion_model.strategies import build_strategy
+
+MODEL_CONFIG = "model_config.json"
+TRAIN_SUMMARY = "train_summary.json"
+FORMAT_VERSION = 1
+
+
+def resolve_devices(cfg: TrainConfig, on_cuda: bool) -> int:
+    """`auto`: every GPU on CUDA, 2 processes on CPU (a real multi-process run even on a laptop)."""
+    if cfg.devices != "auto":
+        return int(cfg.devices)
+    return torch.cuda.device_count() if on_cuda else 2
+
+
+def uses_cuda(cfg: TrainConfig) -> bool:
+    if cfg.accelerator == "gpu":
+        if not torch.cuda.is_available():
+            raise RuntimeError("accelerator 'gpu' was asked for but no CUDA device is visible; use 'auto' or 'cpu'")
+        return True
+    return cfg.accelerator == "auto" and torch.cuda.is_available()
+
+
+def model_kwargs(cfg: TrainConfig, pre: Preprocessor, num_classes: int) -> dict[str, Any]:
+    """FusionModel keyword arguments, JSON-serialisable (saved in model_config.json)."""
+    return {
+        "image_model": cfg.image_model,
+        # the weights are in the checkpoint: a rebuilt model never needs the pretrained file again
+        "pretrained": str(cfg.pretrained) if cfg.pretrained not in (False, True) else cfg.pretrained,
+        "image_size": cfg.image_size,
+        "cat_cardinalities": pre.cardinalities,
+        "n_numeric": len(pre.numeric_columns),
+        "num_classes": num_classes,
+        "text_buckets": cfg.text_buckets,
+        "text_dim": cfg.text_dim,
+        "cat_dim": cfg.cat_dim,
+        "adapter_dim": cfg.adapter_dim,
+        "hidden_sizes": list(cfg.hidden_sizes),
+        "activation": cfg.activation,
+        "dropout": cfg.dropout,
+        "layer_norm": cfg.layer_norm,
+        "modalities": list(cfg.modalities),
+    }
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    os.replace(tmp, path)  # a killed run leaves the old file or the new one, never half of one
+
+
+def gathered_fp32_state(trainer: Any, module: Any) -> dict[str, torch.Tensor] | None:
+    """Full fp32 FusionModel weights on global rank 0 (None elsewhere). Collective: call on every rank.
+
+    Under DeepSpeed the fp32 master weights live in the (sharded) optimizer; ``safe_get_full_fp32_param``
+    assembles each one across ranks for ZeRO 1/2/3.
+    """
+    model = module.model
+    state: dict[str, torch.Tensor] = {}
+    if trainer.strategy.strategy_name.startswith("deepspeed"):
+        import deepspeed
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        for name, param in model.named_parameters():
+            full = safe_get_full_fp32_param(param)
+            if full is None:  # a frozen parameter has no master copy: gather the module's own
+                with deepspeed.zero.GatheredParameters([param], modifier_rank=None):
+                    full = param.detach().clone()
+            state[name] = full.detach().float().cpu().clone()
+        for name, buf in model.named_buffers():
+            state[name] = buf.detach().cpu().clone() if not buf.is_floating_point() else buf.detach().float().cpu()
+    else:
+        state = {k: (v.detach().float() if v.is_floating_point() else v.detach()).cpu().clone()
+                 for k, v in model.state_dict().items()}
+    return state if trainer.is_global_zero else None
+
+
+class FinishRun(pl.Callback):
+    """At the end of fit, inside every rank (ddp_spawn's workers too): gather the final weights if asked
+    and write ``train_summary.json`` from global rank 0, then wait so no rank exits before it exists."""
+
+    def __init__(self, cfg: TrainConfig, metric: str, checkpoint: ModelCheckpoint, progress: ProgressPrinter,
+                 throughput: Throughput, resume_from: str | None) -> None:
+        self.cfg, self.metric, self.checkpoint = cfg, metric, checkpoint
+        self.progress, self.throughput, self.resume_from = progress, throughput, resume_from
+        self.summary: dict[str, Any] = {}
+        self._started = 0.0
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._started = time.perf_counter()
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        cfg, out_dir = self.cfg, Path(self.cfg.out_dir)
+        if cfg.save_gathered_weights:
+            state = gathered_fp32_state(trainer, pl_module)
+            if state is not None:
+                from safetensors.torch import save_file
+
+                path = Path(cfg.save_gathered_weights)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                save_file({k: v.contiguous() for k, v in state.items()}, str(path))
+        best = self.checkpoint.best_model_score
+        self.summary = {
+            "strategy": cfg.strategy,
+            "zero_stage": cfg.zero_stage if cfg.strategy == "deepspeed" else None,
+            "world_size": trainer.world_size,
+            "num_nodes": trainer.num_nodes,
+            "accelerator": trainer.strategy.root_device.type,
+            "precision": cfg.precision,
+            "epochs": trainer.current_epoch,
+            "steps": trainer.global_step,
+            "samples_per_s": self.throughput.samples_per_s(trainer.world_size),
+            "steps_per_s": self.throughput.steps_per_s(),
+            "batch_size_per_device": cfg.batch_size,
+            "metric": self.metric,
+            "monitor": f"val/{self.metric}",
+            "best_score": float(best) if best is not None else None,
+            "best_checkpoint": str(Path(self.checkpoint.best_model_path).resolve())
+            if self.checkpoint.best_model_path else None,
+            "last_checkpoint": str((out_dir / "last.ckpt").resolve()),
+            "checkpoint_kind": "deepspeed_zero" if cfg.strategy == "deepspeed" else "lightning",
+            "resumed_from": self.resume_from,
+            "fit_wall_s": round(time.perf_counter() - self._started, 2),
+            "history": self.progress.history,
+        }
+        if trainer.is_global_zero:
+            write_json(out_dir / TRAIN_SUMMARY, self.summary)
+            brief = {k: v for k, v in self.summary.items() if k != "history"}
+            print(f"[train] finished: {json.dumps(brief)}", flush=True)
+        trainer.strategy.barrier("train_summary_written")
+
+
+def run(cfg: TrainConfig) -> dict[str, Any]:
+    torch.set_num_threads(cfg.threads_per_rank)
+    pl.seed_everything(cfg.seed, workers=True, verbose=False)
+    out_dir = Path(cfg.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data = ValidatedData.read(cfg.data_dir)
+    # Fitted from the train split on every rank: deterministic, so all ranks agree without a broadcast.
+    pre = Preprocessor.fit(data.train, text_buckets=cfg.text_buckets, image_size=cfg.image_size,
+                           image_index=cfg.image_index)
+    kwargs = model_kwargs(cfg, pre, len(data.classes))
+    metric = metric_name(data.label_kind)
+    module = FusionModule(kwargs, label_kind=data.label_kind, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    datamodule = FusionDataModule(data, pre, batch_size=cfg.batch_size, num_workers=cfg.num_workers)
+
+    on_cuda = uses_cuda(cfg)
+    devices = int(os.environ["LOCAL_WORLD_SIZE"]) if "LOCAL_WORLD_SIZE" in os.environ else resolve_devices(cfg, on_cuda)
+    checkpoint = ModelCheckpoint(
+        dirpath=out_dir, filename="best", monitor=f"val/{metric}", mode="max", save_top_k=1, save_last=True,
+        enable_version_counter=False,  # overwrite best.ckpt instead of writing best-v1.ckpt
+        auto_insert_metric_name=False,
+    )
+    progress = ProgressPrinter()
+    throughput = Throughput(cfg.batch_size)
+    trainer = pl.Trainer(
+        accelerator="gpu" if on_cuda else "cpu",
+        devices=devices,
+        num_nodes=cfg.num_nodes,
+        strategy=build_strategy(cfg, on_cuda),
+        precision=cfg.precision,
+        max_epochs=cfg.max_epochs,
+        max_steps=cfg.max_steps,
+        callbacks=[checkpoint, progress, throughput],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        log_every_n_steps=10,
+        deterministic=False,
+    )
+    if trainer.is_global_zero:
+        write_json(out_dir / MODEL_CONFIG, {
+            "format_version": FORMAT_VERSION,
+            "model": kwargs,
+            "preprocess": pre.to_dict(),
+            "label": "AdoptionSpeed",
+            "label_kind": data.label_kind,
+            "classes": data.classes,
+            "metric": metric,
+        })
+    resume_from = None
+    if cfg.resume:
+        last = out_dir / "last.ckpt"
+        if not last.exists():
+            raise FileNotFoundError(f"--resume: {last} does not exist; train once without --resume first")
+        resume_from = str(last)
+    finish = FinishRun(cfg, metric, checkpoint, progress, throughput, resume_from)
+    trainer.callbacks.append(finish)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
+    return finish.summary
+
+
+@record  # torchrun then prints the failing rank's traceback in its error summary
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fusion_model.train", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", type=Path, required=True, help="TrainConfig as JSON (written by tasks.train)")
+    parser.add_argument("--resume", action="store_true", help="continue from out_dir/last.ckpt")
+    parser.add_argument("--save-gathered-weights", type=Path, default=None, metavar="PATH",
+                        help="after fit, save the final fp32 weights (gathered across ranks) as safetensors")
+    args = parser.parse_args(argv)
+    cfg = TrainConfig.model_validate_json(args.config.read_text())
+    updates: dict[str, Any] = {}
+    if args.resume:
+        updates["resume"] = True
+    if args.save_gathered_weights:
+        updates["save_gathered_weights"] = args.save_gathered_weights
+    cfg = cfg.model_copy(update=updates)
+    run(cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,298 @@
+"""Train stage: launch the per-rank entry point as its own process group and wait for it.
+
+Lightning's ``ddp`` re-executes ``sys.argv`` once per rank, so training inline would re-run the caller
+(a Prefect flow body) on every rank. Instead this function starts ``torchrun ... -m fusion_model.train``
+(ddp, deepspeed) or one ``python -m fusion_model.train`` that spawns its ranks (ddp_spawn) in a new
+session, streams its output line by line to the caller's logger, and when any rank fails (or the caller
+is interrupted or sent SIGTERM) ends the launcher and every rank, then raises ``StageError`` with the
+rank's error and the log's tail. Neither torch nor Lightning is imported here.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+from pydantic import BaseModel
+
+from fusion_model.config import TrainConfig
+from tasks.errors import StageError
+
+log = logging.getLogger(__name__)
+
+TAIL_LINES = 60
+_ERROR_LINE = re.compile(r"^\s*(\[rank\d+\]:?\s*)?[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b.*")
+CONFIG_NAME = "train_config.json"
+LOG_NAME = "train.log"
+
+
+class TrainSummary(BaseModel):
+    strategy: str
+    zero_stage: int | None = None
+    world_size: int
+    num_nodes: int
+    accelerator: str
+    precision: str
+    epochs: int
+    steps: int
+    samples_per_s: float | None = None
+    steps_per_s: float | None = None
+    metric: str
+    monitor: str
+    best_score: float | None = None
+    best_checkpoint: str | None = None
+    last_checkpoint: str
+    checkpoint_kind: str
+    resumed_from: str | None = None
+    fit_wall_s: float
+    wall_s: float | None = None  # launch to exit, start-up included
+    out_dir: str | None = None
+
+
+def _default_logger() -> logging.Logger:
+    """The module logger; on a bare CLI (no logging configured) it prints to stderr, so progress shows."""
+    if not logging.getLogger().hasHandlers() and not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+    return log
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cuda_devices() -> int:
+    """GPUs visible to the ranks, without initialising CUDA in this (the caller's) process."""
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False)
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+def processes_per_node(p: TrainConfig) -> int:
+    if p.devices != "auto":
+        return int(p.devices)
+    gpus = _cuda_devices() if p.accelerator in ("auto", "gpu") else 0
+    if p.accelerator == "gpu" and gpus == 0:
+        raise StageError("train.accelerator is 'gpu' but no CUDA device is visible; set it to auto or cpu")
+    return gpus if gpus else 2  # CPU: 2 processes, so the default run is a real multi-process one
+
+
+def _check_inputs(p: TrainConfig) -> None:
+    for name in ("train.parquet", "val.parquet", "meta.json"):
+        if not (Path(p.data_dir) / name).is_file():
+            raise StageError(
+                f"{Path(p.data_dir) / name} is missing; run `python -m tasks validate` first "
+                "(or point train.data_dir at a validated folder)"
+            )
+    if p.resume and not (Path(p.out_dir) / "last.ckpt").exists():
+        raise StageError(
+            f"resume: {Path(p.out_dir) / 'last.ckpt'} does not exist; train once with resume false first"
+        )
+    if p.num_nodes > 1 and p.master_port is None:
+        raise StageError("num_nodes > 1 needs train.master_port (and master_addr) shared by every node")
+
+
+def _clear_previous_outputs(out_dir: Path) -> None:
+    """A fresh run must not leave an older run's shards next to its own (a ZeRO folder written by more
+    ranks would keep extra shard files and make the conversion refuse or mix runs)."""
+    for name in ("best.ckpt", "last.ckpt", "train_summary.json"):
+        path = out_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+
+
+def build_command(p: TrainConfig, config_path: Path, nproc: int, port: int) -> list[str]:
+    entry = ["-m", "fusion_model.train", "--config", str(config_path)]
+    if p.strategy == "ddp_spawn":
+        return [sys.executable, *entry]  # Lightning spawns the ranks from this one process
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nproc_per_node", str(nproc), "--nnodes", str(p.num_nodes), "--node_rank", str(p.node_rank),
+        "--master_addr", p.master_addr, "--master_port", str(port),
+        "--max_restarts", "0",
+        *entry,
+    ]
+
+
+def _environment(p: TrainConfig, port: int) -> dict[str, str]:
+    env = dict(os.environ)
+    threads = str(p.threads_per_rank)
+    # torchrun sets OMP_NUM_THREADS=1 only when unset; Lightning's spawn sets nothing: set both, always.
+    env.update({"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PYTHONUNBUFFERED": "1"})
+    on_cuda = p.accelerator != "cpu" and _cuda_devices() > 0
+    env.setdefault("DS_ACCELERATOR", "cuda" if on_cuda else "cpu")  # DeepSpeed would guess, with a warning
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.cwd() / ".torch_ext"))
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    if p.strategy == "ddp_spawn":
+        env.update({"MASTER_ADDR": p.master_addr, "MASTER_PORT": str(port)})
+    return env
+
+
+class _ProcessTree:
+    """Every process the launcher started, remembered while it runs.
+
+    torchrun starts each rank in a session of its own, so killing the launcher's process group does not
+    reach the ranks, and a rank orphaned by a dead launcher is no longer its descendant. The tree is
+    therefore sampled while the launcher lives, and everything sampled is ended at the close.
+    """
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.proc = proc
+        self.known: dict[int, psutil.Process] = {}
+        self._lock = threading.Lock()
+
+    def sample(self) -> None:
+        try:
+            children = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.Error:
+            return
+        with self._lock:
+            for child in children:
+                self.known.setdefault(child.pid, child)
+
+    def watch(self, interval_s: float = 0.5, grace_s: float = 2.0) -> None:
+        """Runs in a thread: sample until the launcher exits, then end whatever it left behind."""
+        while self.proc.poll() is None:
+            self.sample()
+            time.sleep(interval_s)
+        time.sleep(grace_s)  # the launcher's own teardown of its ranks comes first
+        self.kill()
+
+    def alive(self) -> list[psutil.Process]:
+        with self._lock:
+            procs = list(self.known.values())
+        alive = []
+        for p in procs:
+            # is_running() compares creation times: a recycled pid is not mistaken for a rank
+            with contextlib.suppress(psutil.Error):
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+        return alive
+
+    def kill(self, term_wait_s: float = 10.0) -> None:
+        """SIGTERM the launcher (it forwards to its ranks) and every known process, then SIGKILL the rest."""
+        self.sample()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        for p in self.alive():
+            with contextlib.suppress(psutil.Error):
+                p.terminate()
+        _, still = psutil.wait_procs(self.alive(), timeout=term_wait_s)
+        for p in still:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        psutil.wait_procs(still, timeout=5)
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """A SIGTERM to the caller (a cancelled flow run) becomes an exception, so the ranks get ended too;
+    Python's default would exit at once and orphan them. Only the main thread can install handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise SystemExit(f"train: received signal {signum}; stopping the training processes")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def train(p: TrainConfig, logger: logging.Logger | logging.LoggerAdapter | None = None) -> TrainSummary:
+    logger = logger or _default_logger()
+    _check_inputs(p)
+    out_dir = Path(p.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if not p.resume and p.node_rank == 0:
+        _clear_previous_outputs(out_dir)
+    nproc = processes_per_node(p)
+    port = p.master_port or free_port()
+    config_path = out_dir / (CONFIG_NAME if p.node_rank == 0 else f"train_config.node{p.node_rank}.json")
+    resolved = p.model_copy(update={"devices": nproc})
+    config_path.write_text(resolved.model_dump_json(indent=2))
+    cmd = build_command(resolved, config_path, nproc, port)
+    logger.info("train: %s x %d process(es) on node %d/%d: %s", p.strategy, nproc, p.node_rank, p.num_nodes,
+                " ".join(cmd))
+
+    env = _environment(p, port)
+    with _sigterm_raises():
+        return _launch(p, cmd, env, out_dir, logger)
+
+
+def _launch(p: TrainConfig, cmd: list[str], env: dict[str, str], out_dir: Path,
+            logger: logging.Logger | logging.LoggerAdapter) -> TrainSummary:
+    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    errors: list[str] = []  # exception lines of the ranks: the launcher's own summary comes last
+    started = time.monotonic()
+    log_path = out_dir / (LOG_NAME if p.node_rank == 0 else f"train.node{p.node_rank}.log")
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+        env=env, start_new_session=True,  # its own group: the caller's Ctrl-C does not hit the ranks twice
+    )
+    # Every rank holds the pipe open: once the launcher exits, whatever it left (a rank stuck in a
+    # collective, a dataloader worker) is ended, so the pipe closes and reading ends.
+    tree = _ProcessTree(proc)
+    watchdog = threading.Thread(target=tree.watch, daemon=True)
+    watchdog.start()
+    try:
+        with log_path.open("w") as log_file:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                line = line.rstrip("\n")
+                log_file.write(line + "\n")
+                log_file.flush()
+                tail.append(line)
+                if _ERROR_LINE.match(line) and "ChildFailedError" not in line and len(errors) < 5:
+                    errors.append(line.strip())
+                logger.info("%s", line)
+        rc = proc.wait()
+    except BaseException:
+        tree.kill()  # interrupted caller (Ctrl-C, flow cancelled): leave no rank behind
+        raise
+    finally:
+        watchdog.join(timeout=30)
+    if rc != 0:
+        first = f"first error: {errors[0]}\n" if errors else ""
+        text = "\n".join(tail)
+        raise StageError(
+            f"training failed (exit code {rc}, strategy {p.strategy}); full log: {log_path}.\n{first}"
+            f"Last lines:\n{text}"
+        )
+    summary_path = out_dir / "train_summary.json"
+    if not summary_path.is_file():
+        raise StageError(f"training exited cleanly but wrote no {summary_path}; see {log_path}")
+    summary = TrainSummary.model_validate_json(summary_path.read_text())
+    summary.wall_s = round(time.monotonic() - started, 2)
+    summary.out_dir = str(out_dir)
+    logger.info("train: done in %.1f s, best %s %s", summary.wall_s, summary.monitor, summary.best_score)
+    return summary

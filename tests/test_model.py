@@ -1,0 +1,247 @@
+"""FusionModel, preprocessing and predictor: in-process, tiny timm test models at 32 px."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from fusion_model.data import DataError, FusionDataset, ValidatedData
+from fusion_model.model import FusionModel, ImageEncoder
+from fusion_model.predict import PredictError, Predictor, build_model, read_rows_csv
+from fusion_model.preprocess import PreprocessError, Preprocessor
+from tests.validated_tables import make_validated
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    """One intra-op thread: on a shared 2-core machine two OpenMP threads spin-wait on each other (a
+    step measured 4.4 s instead of 0.2 s at load 9)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def validated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_validated(tmp_path_factory.mktemp("model_data"), n_train=48, n_val=16, n_test=16)
+
+
+@pytest.fixture(scope="module")
+def pre(validated: Path) -> Preprocessor:
+    data = ValidatedData.read(validated)
+    return Preprocessor.fit(data.train, text_buckets=256, image_size=32, image_index=0)
+
+
+def _kwargs(pre: Preprocessor, image_model: str = "test_resnet") -> dict:
+    return {
+        "image_model": image_model, "image_size": 32, "cat_cardinalities": pre.cardinalities,
+        "n_numeric": len(pre.numeric_columns), "num_classes": 2, "text_buckets": 256, "text_dim": 8,
+        "cat_dim": 4, "adapter_dim": 16, "hidden_sizes": [32], "dropout": 0.0,
+    }
+
+
+def _batch(validated: Path, pre: Preprocessor, n: int = 8) -> dict[str, torch.Tensor]:
+    data = ValidatedData.read(validated)
+    ds = FusionDataset(data.train.iloc[:n], pre, data.dataset_root)
+    return {k: torch.stack([ds[i][k] for i in range(n)]) for k in ds[0]}
+
+
+def test_preprocessor_uses_train_statistics_and_round_trips(validated: Path, pre: Preprocessor) -> None:
+    train = ValidatedData.read(validated).train
+    assert pre.numeric_mean[pre.numeric_columns.index("Age")] == pytest.approx(np.log1p(train["Age"]).mean())
+    again = Preprocessor.from_dict(json.loads(json.dumps(pre.to_dict())))
+    assert again == pre
+    unseen = train.iloc[:1].copy()
+    unseen["Breed1"] = 999  # never seen in train -> the unknown index 0
+    assert pre.categorical(unseen)[0, pre.categorical_columns.index("Breed1")] == 0
+    assert pre.tokens("Friendly friendly") == [pre.tokens("friendly")[0]] * 2  # stable, case-free hashing
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_forward_backward_with_half_weights_and_fp32_inputs(validated: Path, pre: Preprocessor,
+                                                            dtype: torch.dtype) -> None:
+    model = FusionModel(**_kwargs(pre)).to(dtype)
+    batch = _batch(validated, pre)
+    assert batch["image"].dtype == torch.float32 and batch["numeric"].dtype == torch.float32
+    logits = model(batch)
+    assert logits.dtype == dtype and logits.shape == (8, 2)
+    loss = torch.nn.functional.cross_entropy(logits.float(), batch["label"])
+    loss.backward()
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert all(g is not None and g.dtype == dtype for g in grads)
+    assert torch.isfinite(loss)
+
+
+def test_masking_a_modality_changes_the_output_and_rejects_unknown_names(validated: Path,
+                                                                         pre: Preprocessor) -> None:
+    model = FusionModel(**_kwargs(pre)).eval()
+    batch = _batch(validated, pre)
+    full = model(batch)
+    for name in ("image", "tabular", "text"):
+        assert not torch.allclose(model(batch, mask={name}), full)
+    with pytest.raises(ValueError, match="cannot mask \\['audio'\\]"):
+        model(batch, mask={"audio"})
+
+
+def test_tiny_batch_overfits(validated: Path, pre: Preprocessor) -> None:
+    torch.manual_seed(0)
+    model = FusionModel(**_kwargs(pre))
+    batch = _batch(validated, pre, n=8)
+    batch["label"] = torch.tensor([0, 1, 1, 0, 1, 0, 0, 1])  # labels the features do not explain
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(40):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(batch), batch["label"])
+        loss.backward()
+        opt.step()
+    model.eval()
+    assert loss.item() < 0.05
+    assert (model(batch).argmax(1) == batch["label"]).all()
+
+
+def test_image_width_comes_from_a_forward_not_num_features() -> None:
+    # test_mambaout pools to head_hidden_size (256), not num_features (64): the mobilenetv3 pitfall
+    enc = ImageEncoder("test_mambaout", image_size=32)
+    assert enc.backbone.num_features != enc.out_dim == 256
+
+
+def test_pretrained_local_file_loads_and_hub_or_missing_file_are_refused(tmp_path: Path) -> None:
+    import timm
+
+    source = timm.create_model("test_resnet", pretrained=False, num_classes=0)
+    weights = tmp_path / "w.safetensors"
+    save_file({k: v.contiguous() for k, v in source.state_dict().items()}, str(weights))
+    enc = ImageEncoder("test_resnet", pretrained=str(weights), image_size=32)
+    for k, v in source.state_dict().items():
+        assert torch.equal(enc.backbone.state_dict()[k], v)
+    with pytest.raises(ValueError, match="pass the path of a local weights file"):
+        ImageEncoder("test_resnet", pretrained=True)
+    with pytest.raises(ValueError, match="does not exist"):
+        ImageEncoder("test_resnet", pretrained=str(tmp_path / "nope.pt"))
+    with pytest.raises(ValueError, match="not a timm model.*timm.list_models"):
+        ImageEncoder("no_such_model_xyz")
+
+
+def test_image_index_picks_the_configured_image(validated: Path, pre: Preprocessor) -> None:
+    data = ValidatedData.read(validated)
+    second = Preprocessor.from_dict({**pre.to_dict(), "image_index": 1})
+    late = Preprocessor.from_dict({**pre.to_dict(), "image_index": 9})  # past the end: the last image
+    row = data.train.iloc[:1]
+    assert FusionDataset(row, pre, data.dataset_root).paths[0].name.endswith("-1.jpg")
+    assert FusionDataset(row, second, data.dataset_root).paths[0].name.endswith("-2.jpg")
+    assert FusionDataset(row, late, data.dataset_root).paths[0].name.endswith("-2.jpg")
+
+
+def test_missing_and_broken_images_name_the_row(validated: Path, pre: Preprocessor, tmp_path: Path) -> None:
+    data = ValidatedData.read(validated)
+    rows = data.train.iloc[:2].copy()
+    rows.loc[rows.index[0], "Images"] = "images/missing.jpg"
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "broken.jpg").write_bytes(b"not a jpeg")
+    ds = FusionDataset(rows, pre, data.dataset_root)
+    with pytest.raises(PreprocessError, match=f"row {rows.index[0]}: image .*missing.jpg does not exist"):
+        ds[0]
+    rows.loc[rows.index[1], "Images"] = "images/broken.jpg"
+    with pytest.raises(PreprocessError, match=f"row {rows.index[1]}: image .*broken.jpg cannot be decoded"):
+        FusionDataset(rows, pre, tmp_path)[1]
+    rows.loc[rows.index[1], "Images"] = ""
+    with pytest.raises(PreprocessError, match="column Images is empty"):
+        FusionDataset(rows, pre, tmp_path)
+
+
+def test_validated_folder_errors_say_what_to_run(tmp_path: Path, validated: Path) -> None:
+    with pytest.raises(DataError, match="meta.json is missing; run `python -m tasks validate`"):
+        ValidatedData.read(tmp_path)
+    bad = tmp_path / "v"
+    bad.mkdir()
+    for name in ("train.parquet", "val.parquet"):
+        (bad / name).write_bytes((validated / name).read_bytes())
+    meta = json.loads((validated / "meta.json").read_text())
+    (bad / "meta.json").write_text(json.dumps({**meta, "dataset_root": "nowhere"}))
+    with pytest.raises(DataError, match="dataset_root 'nowhere' resolves to .* not a folder"):
+        ValidatedData.read(bad)
+    (bad / "meta.json").write_text(json.dumps({**meta, "dataset_root": str(validated / meta["dataset_root"]),
+                                               "classes": [0]}))
+    with pytest.raises(DataError, match=r"labels \[1\] are not in meta.json classes \[0\]"):
+        ValidatedData.read(bad)
+
+
+def _saved_model(tmp_path: Path, pre: Preprocessor) -> tuple[Path, FusionModel]:
+    config = {"model": _kwargs(pre), "preprocess": pre.to_dict(), "label_kind": "binary", "classes": [0, 1],
+              "metric": "auc"}
+    model = build_model(config)
+    (tmp_path / "model_config.json").write_text(json.dumps(config))
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp_path / "model.safetensors"))
+    return tmp_path, model
+
+
+def test_predictor_round_trip_batches_and_ablation(validated: Path, pre: Preprocessor, tmp_path: Path) -> None:
+    model_dir, model = _saved_model(tmp_path, pre)
+    predictor = Predictor.load(model_dir)
+    data = ValidatedData.read(validated)
+    rows = data.val.drop(columns=["AdoptionSpeed"])
+    proba = predictor.predict_proba(rows, data.dataset_root, batch_size=5)
+    assert proba.shape == (len(rows), 2)
+    np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=1e-5)
+    with torch.inference_mode():
+        ds = FusionDataset(rows, pre, data.dataset_root, with_labels=False)
+        direct = model.eval()({k: torch.stack([ds[i][k] for i in range(len(ds))]) for k in ds[0]}).softmax(-1)
+    np.testing.assert_allclose(proba, direct.numpy(), rtol=1e-4, atol=1e-6)
+    assert not np.allclose(predictor.predict_proba(rows, data.dataset_root, drop_modalities={"image"}), proba)
+    preds = predictor.predict(rows, data.dataset_root)
+    assert list(preds.columns) == ["prediction", "proba_0", "proba_1"] and list(preds.index) == list(rows.index)
+    with pytest.raises(PredictError, match="cannot drop \\['sound'\\]"):
+        predictor.predict_proba(rows, data.dataset_root, drop_modalities={"sound"})
+
+
+def test_predictor_refuses_missing_or_mismatched_files(validated: Path, pre: Preprocessor, tmp_path: Path) -> None:
+    with pytest.raises(PredictError, match="model_config.json is missing; point --model at"):
+        Predictor.load(tmp_path)
+    model_dir, _ = _saved_model(tmp_path, pre)
+    save_file({"head.weight": torch.zeros(2, 2)}, str(model_dir / "model.safetensors"))
+    with pytest.raises(PredictError, match="does not match .*model_config.json.*convert the checkpoint again"):
+        Predictor.load(model_dir)
+
+
+def test_predict_cli_writes_a_csv(validated: Path, pre: Preprocessor, tmp_path: Path) -> None:
+    from fusion_model.predict import main
+
+    (tmp_path / "m").mkdir()
+    model_dir, _ = _saved_model(tmp_path / "m", pre)
+    data = ValidatedData.read(validated)
+    csv = tmp_path / "new.csv"
+    rows = pd.read_parquet(validated / "test.parquet").drop(columns=["AdoptionSpeed", "row_id"])
+    rows.to_csv(csv)  # with the tutorial's leading unnamed index column
+    assert list(read_rows_csv(csv).index) == list(rows.index)
+    out = tmp_path / "preds.csv"
+    assert main(["--model", str(model_dir), "--csv", str(csv), "--images-root", str(data.dataset_root),
+                 "--out", str(out)]) == 0
+    preds = pd.read_csv(out)
+    assert len(preds) == len(rows) and {"prediction", "proba_0", "proba_1"} <= set(preds.columns)
+
+
+def test_multiclass_labels_train_with_quadratic_kappa(tmp_path: Path) -> None:
+    """The Kaggle 0-4 labels: five logits, val/kappa (quadratic weighted) monitored, one process."""
+    import lightning.pytorch as pl
+
+    from fusion_model.data import FusionDataModule
+    from fusion_model.module import FusionModule, metric_name
+
+    data = ValidatedData.read(make_validated(tmp_path, n_train=40, n_val=20, n_test=5, label_kind="multiclass"))
+    pre = Preprocessor.fit(data.train, text_buckets=256, image_size=32, image_index=0)
+    kwargs = {**_kwargs(pre), "num_classes": len(data.classes)}
+    module = FusionModule(kwargs, label_kind=data.label_kind, lr=1e-2, weight_decay=0.0)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=2, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module, datamodule=FusionDataModule(data, pre, batch_size=8))
+    assert metric_name("multiclass") == "kappa" and data.classes == [0, 1, 2, 3, 4]
+    kappa = trainer.callback_metrics["val/kappa"]
+    assert -1.0 <= float(kappa) <= 1.0 and "val/acc" in trainer.callback_metrics
