@@ -27,6 +27,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "convert": ("tasks.convert", "convert"),
     "evaluate": ("tasks.evaluate", "evaluate"),
     "promote": ("tasks.promote", "promote"),
+    "version": ("tasks.version", "version"),
 }
 
 _SCALARS = (str, int, float, bool, Path)

@@ -22,20 +22,27 @@ class _Section(BaseModel):
 
 
 class SyntheticParams(_Section):
-    n_train: int = Field(3000, ge=10)
-    n_test: int = Field(1000, ge=10)
-    label_kind: LabelKind = "binary"
-    image_size: int = Field(64, ge=8)
-    seed: int = 42
+    n_train: int = Field(3000, ge=10, description="rows in train.csv")
+    n_test: int = Field(1000, ge=10, description="rows in test.csv")
+    label_kind: LabelKind = Field("binary", description="binary 0/1 (tutorial) or multiclass 0-4 (Kaggle)")
+    image_size: int = Field(64, ge=8, le=1024, description="square JPEG side in pixels")
+    seed: int = Field(42, description="same seed -> byte-identical files")
 
 
 class DownloadParams(_Section):
-    source: Literal["synthetic", "url"] = "synthetic"
-    url: str = "https://automl-mm-bench.s3.amazonaws.com/petfinder_for_tutorial.zip"
-    sha256: str | None = None
-    out_dir: Path = Path("data/raw")
-    timeout_s: float = Field(60, gt=0)
-    max_attempts: int = Field(5, ge=1)
+    source: Literal["synthetic", "url"] = Field("synthetic", description="synthetic (embedded, offline) or url")
+    url: str = Field(
+        "https://automl-mm-bench.s3.amazonaws.com/petfinder_for_tutorial.zip",
+        pattern=r"^https?://",
+        description="zip in the tutorial's layout (source: url)",
+    )
+    sha256: str | None = Field(
+        None, pattern=r"^[0-9a-fA-F]{64}$", description="pinned sha256 of the archive; null accepts any"
+    )
+    out_dir: Path = Field(Path("data/raw"), description="replaced atomically on success")
+    timeout_s: float = Field(60, gt=0, description="connect / read timeout per request")
+    max_attempts: int = Field(5, ge=1, description="tries on transient failures (5xx, timeout, reset)")
+    backoff_s: float = Field(1.0, ge=0, description="first retry wait; doubles each retry, capped at 60 s")
     synthetic: SyntheticParams = SyntheticParams()
 
 
@@ -53,8 +60,12 @@ TrainParams = TrainConfig
 
 
 class ConvertParams(_Section):
-    checkpoint_dir: Path = Path("data/checkpoints")
-    out_dir: Path = Path("data/model")
+    checkpoint_dir: Path = Field(Path("data/checkpoints"), description="training output: checkpoint + model_config.json")
+    checkpoint_name: str = Field("best.ckpt", description="file (ddp) or DeepSpeed folder inside checkpoint_dir")
+    out_dir: Path = Field(Path("data/model"), description="model.safetensors, model_config.json, manifest.json")
+    # fusion_model.module.MODEL_PREFIX: the LightningModule attribute holding the FusionModel, plus "."
+    model_prefix: str = Field("model.", description="prefix stripped from every key after `_forward_module.`")
+    lock_timeout_s: float = Field(600, gt=0, description="wait this long for a concurrent conversion")
 
 
 class EvaluateParams(_Section):
@@ -65,10 +76,29 @@ class EvaluateParams(_Section):
 
 
 class PromoteParams(_Section):
+    """Champion/challenger: the challenger (model_dir + eval_dir/metrics.json) replaces champion_dir only if
+    it passed validation and beats the champion's primary metric on the same test set by >= min_delta."""
+
     model_dir: Path = Path("data/model")
     eval_dir: Path = Path("data/eval")
     champion_dir: Path = Path("models/champion")
     min_delta: float = Field(0.0, ge=0)
+    # The current test set: the champion is re-scored on it when its metrics came from another one.
+    data_dir: Path = Path("data/validated")
+    validation_report: Path = Path("reports/validation.json")
+    batch_size: int = Field(256, ge=1)
+    lock_timeout_s: float = Field(600, gt=0)
+
+
+class VersionParams(_Section):
+    """What the `version` step records: DVC-commits these stages, pushes them and writes a run manifest."""
+
+    stages: list[str] = ["download", "validate", "train", "convert", "evaluate"]
+    remote: str | None = None  # None: the default remote of .dvc/config
+    push: bool = True
+    manifest_dir: Path = Path("models/runs")
+    params_file: Path = Path("params.yaml")
+    lock_timeout_s: float = Field(1800, gt=0)
 
 
 class Params(_Section):
@@ -78,6 +108,7 @@ class Params(_Section):
     convert: ConvertParams = ConvertParams()
     evaluate: EvaluateParams = EvaluateParams()
     promote: PromoteParams = PromoteParams()
+    version: VersionParams = VersionParams()
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 

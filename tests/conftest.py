@@ -21,3 +21,49 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".torch_ext"))
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_prefect_home(tmp_path_factory: pytest.TempPathFactory) -> None:
     os.environ["PREFECT_HOME"] = str(tmp_path_factory.mktemp("prefect_home"))
+
+
+@pytest.fixture(scope="session")
+def tiny_raw_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A generated `petfinder_for_tutorial` folder (240 train / 80 test rows, 32 px, binary, seed 0).
+
+    Shared by the whole session: treat it as read-only (copy it with shutil.copytree to damage it).
+    """
+    from tasks.params import SyntheticParams
+    from tasks.synthetic import generate
+
+    root = tmp_path_factory.mktemp("raw")
+    generate(root, SyntheticParams(n_train=240, n_test=80, image_size=32, label_kind="binary", seed=0))
+    return root / "petfinder_for_tutorial"
+
+
+@pytest.fixture(scope="session")
+def tiny_validated(tiny_raw_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`tiny_raw_dataset` after the validate stage: the out_dir with train/val/test parquet + meta.json
+    (reports beside it in `<parent>/reports`). Treat it as read-only; copy it to change it."""
+    from tasks.params import ValidateParams
+    from tasks.validate import validate
+
+    root = tmp_path_factory.mktemp("validated")
+    validate(ValidateParams(dataset_dir=tiny_raw_dataset, out_dir=root / "validated", report_dir=root / "reports"))
+    return root / "validated"
+
+
+@pytest.fixture(scope="session")
+def tiny_model_chain(tiny_validated: Path, tmp_path_factory: pytest.TempPathFactory):
+    """Two real converted models of `tiny_validated`, each evaluated on its test table (see
+    tests/model_chain.py): `trained` (ddp_spawn, test_resnet) and `constant` (zeroed head). Read-only."""
+    from tests.model_chain import build_model_chain
+
+    return build_model_chain(tiny_validated, tmp_path_factory.mktemp("model_chain"))
+
+
+@pytest.fixture(scope="session")
+def pipeline_project(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A git + DVC copy of the project after one `dvc repro` with tiny params (see tests/project_copy.py).
+
+    Shared by the DVC and deployment tests; each leaves the pipeline up to date (`dvc status` clean).
+    """
+    from project_copy import reproduced_project
+
+    return reproduced_project(tmp_path_factory.mktemp("pipeline") / "project")
