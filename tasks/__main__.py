@@ -68,7 +68,7 @@ def _add_overrides(parser: argparse.ArgumentParser, section: str) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tasks", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="stage", required=True, metavar="STAGE")
-    for stage, (module, section) in STAGES.items():
+    for stage, (_module, section) in STAGES.items():
         p = sub.add_parser(stage, help=f"run the {stage} stage (params.yaml `{section}:`)")
         p.add_argument("--params", default="params.yaml", type=Path, help="params file (default params.yaml)")
         _add_overrides(p, section)

@@ -109,11 +109,19 @@ def test_training_artifact_puts_strategy_world_size_and_throughput_first() -> No
 # --- real flow runs (Prefect's temporary server) -------------------------------------------------------
 
 
-@pytest.fixture
-def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """A project folder whose dataset fails validation: train.csv lacks most required columns."""
-    from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, temporary_settings
+@pytest.fixture(scope="module")
+def temporary_prefect_server():
+    """Prefect's temporary server for this module, stopped here rather than at interpreter exit (where its
+    shutdown log line hits closed streams). Its first start takes ~20 s idle, minutes on a busy machine."""
+    from prefect.testing.utilities import prefect_test_harness
 
+    with prefect_test_harness(server_startup_timeout=300):
+        yield
+
+
+@pytest.fixture
+def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, temporary_prefect_server: None):
+    """A project folder whose dataset fails validation: train.csv lacks most required columns."""
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["download"]["synthetic"] |= {"n_train": 20, "n_test": 10, "image_size": 16}
     broken = tmp_path / "broken"
@@ -123,9 +131,7 @@ def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     params["validate"]["dataset_dir"] = str(broken)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     monkeypatch.chdir(tmp_path)
-    # The temporary server's first start takes ~20 s on an idle 2-core machine, minutes on a busy one.
-    with temporary_settings({PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 300}):
-        yield tmp_path
+    return tmp_path
 
 
 def _task_states(flow_state) -> dict[str, list[str]]:
