@@ -325,14 +325,19 @@ def test_image_path_problems(tmp_path: Path) -> None:
 
 
 def test_decode_check_agrees_serial_and_parallel(tiny_raw_dataset: Path, tmp_path: Path) -> None:
-    files = sorted((tiny_raw_dataset / "images").glob("*.jpg"))[:40]
+    files = sorted((tiny_raw_dataset / "images").glob("*.jpg"))
     broken = tmp_path / "broken.jpg"
     broken.write_bytes(files[0].read_bytes()[:200])
     (tmp_path / "text.jpg").write_text("not an image")
-    paths = [*files, broken, tmp_path / "text.jpg"]
-    serial = checks.decode_problems(paths, workers=1)
-    assert checks.decode_problems(paths, workers=2) == serial
-    assert [p for p, why in serial.items() if why] == [broken, tmp_path / "text.jpg"]
+    # past the fork threshold the check runs in worker processes: distinct copies make the batch that big
+    copies = [tmp_path / f"copy{i}.jpg" for i in range(checks._FORK_MIN_IMAGES)]
+    for i, copy in enumerate(copies):
+        copy.write_bytes(files[i % len(files)].read_bytes())
+    for good in (files[:40], copies):  # threads, then processes
+        paths = [*good, broken, tmp_path / "text.jpg"]
+        serial = checks.decode_problems(paths, workers=1)
+        assert checks.decode_problems(paths, workers=2) == serial
+        assert [p for p, why in serial.items() if why] == [broken, tmp_path / "text.jpg"]
 
 
 def test_check_prediction_rows(tiny_raw_dataset: Path) -> None:
