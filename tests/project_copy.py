@@ -47,8 +47,9 @@ def project_files() -> list[str]:
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
         cwd=ROOT, capture_output=True, text=True, check=True,
     ).stdout.split("\0")
-    # dvc.lock describes outputs the copy does not have yet
-    return [f for f in listed if f and f != "dvc.lock" and (ROOT / f).is_file()]
+    # dvc.lock and the pipeline's own outputs (metrics git may track) describe a run the copy has not made
+    outputs = ("data/", "models/", "reports/")
+    return [f for f in listed if f and f != "dvc.lock" and not f.startswith(outputs) and (ROOT / f).is_file()]
 
 
 def make_project(dest: Path, params: dict[str, Any] | None = None) -> Path:

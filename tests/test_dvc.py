@@ -124,8 +124,12 @@ def test_repro_runs_every_stage_and_writes_metrics(project: dict) -> None:
     assert 0.0 <= metrics["primary_metric"]["value"] <= 1.0
     lock = yaml.safe_load((root / "dvc.lock").read_text())
     assert set(lock["stages"]) == set(STAGES)
-    # data stays out of git: only dvc.lock is new
-    assert run(root, "git", "status", "--porcelain", "--untracked-files=all").stdout.strip() == "?? dvc.lock"
+    # data stays out of git: only dvc.lock and the small uncached metrics, plot data and reports are new
+    status = run(root, "git", "status", "--porcelain", "--untracked-files=all").stdout.splitlines()
+    assert sorted(status) == sorted(f"?? {path}" for path in (
+        "dvc.lock", "data/eval/metrics.json", "data/eval/roc.csv", "data/eval/confusion.csv",
+        "reports/validation.json", "reports/validation.md", "reports/validation.html",
+    ))
     print(f"dvc repro, all stages, tiny params: {project['repro_s']:.0f} s")
 
 
