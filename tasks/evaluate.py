@@ -78,7 +78,8 @@ def check_model_dir(model_dir: Path) -> None:
         )
 
 
-def _read_json(path: Path, fix: str) -> dict[str, Any]:
+def read_json(path: Path, fix: str) -> dict[str, Any]:
+    """A JSON file another stage wrote; missing or unreadable -> StageError ending with `fix`."""
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
@@ -90,7 +91,7 @@ def _read_json(path: Path, fix: str) -> dict[str, Any]:
 def load_test_set(data_dir: Path) -> tuple[pd.DataFrame, dict[str, Any], Path]:
     """The validated test table, its meta.json and the images root the table's relative paths start from."""
     fix = "Run `python -m tasks validate` to write data/validated/."
-    meta = _read_json(data_dir / "meta.json", fix)
+    meta = read_json(data_dir / "meta.json", fix)
     for key in ("dataset_root", "label", "label_kind", "classes"):
         if key not in meta:
             raise StageError(f"{data_dir / 'meta.json'}: no `{key}` key. {fix}")

@@ -25,7 +25,7 @@ from pydantic import BaseModel
 
 from tasks.atomic import recover_dir, swap_in, temp_dir_beside
 from tasks.errors import StageError
-from tasks.evaluate import MODEL_FILES, check_model_dir, load_predictor, load_test_set, sha256_file
+from tasks.evaluate import MODEL_FILES, check_model_dir, load_predictor, load_test_set, read_json, sha256_file
 from tasks.metrics import fingerprint_test_set, primary_score
 from tasks.params import PromoteParams
 
@@ -53,15 +53,6 @@ def history_path(champion_dir: Path) -> Path:
     return champion_dir.parent / HISTORY_NAME
 
 
-def _read_json(path: Path, fix: str) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise StageError(f"{path}: missing. {fix}") from None
-    except json.JSONDecodeError as e:
-        raise StageError(f"{path}: not valid JSON ({e}). {fix}") from None
-
-
 def _metric_of(metrics: dict[str, Any], path: Path, fix: str) -> tuple[str, float]:
     try:
         name, value = metrics["primary_metric"]["name"], float(metrics["primary_metric"]["value"])
@@ -77,7 +68,7 @@ def read_challenger(p: PromoteParams) -> dict[str, Any]:
     check_model_dir(p.model_dir)
     metrics_path = p.eval_dir / "metrics.json"
     fix = "Run `python -m tasks evaluate` on this model first."
-    metrics = _read_json(metrics_path, fix)
+    metrics = read_json(metrics_path, fix)
     _metric_of(metrics, metrics_path, fix)
     model_sha = sha256_file(p.model_dir / "model.safetensors")
     evaluated_sha = (metrics.get("model") or {}).get("sha256")
@@ -132,7 +123,7 @@ def _champion_state(champion_dir: Path) -> dict[str, Any] | None:
             f"{champion_dir}: the champion lacks {', '.join(missing)}, so it cannot be compared. Restore it "
             f"(e.g. `dvc checkout` or from a backup), or move the folder away to make the next model champion."
         )
-    return _read_json(champion_dir / "metrics.json", "Restore the champion's metrics.json.")
+    return read_json(champion_dir / "metrics.json", "Restore the champion's metrics.json.")
 
 
 def rescore(model_dir: Path, data_dir: Path, batch_size: int) -> float | None:
