@@ -74,7 +74,7 @@ def child(method: str, src: Path, out: Path) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
         sys.path.insert(0, str(ROOT))
-        from tasks.convert import sha256_file
+        from tasks._io.hashing import sha256_file
 
         files = sorted((src / "best.ckpt").rglob("*.pt"))
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:

@@ -3,7 +3,7 @@
     python bench/synthetic_signal.py [--n-train 3000] [--n-test 1000] [--image-size 64] [--seeds 42 1] [--cnn]
 
 Prints the generation time (rows per second) and test ROC AUC of simple baselines per modality
-(tasks/synthetic_check.py); with --cnn also a small CNN trained from scratch on the first photo only, to
+(tasks/download/synthetic/signal_check.py); with --cnn also a small CNN trained from scratch on the first photo only, to
 show the image signal is learnable without pretrained weights. Targets (design.md, 2,000 rows): tabular
 ~0.76, text ~0.73, image ~0.71, all ~0.89.
 """
@@ -20,9 +20,9 @@ import pandas as pd
 from PIL import Image
 
 from fusion_model import schema
+from tasks.download.synthetic import generate
+from tasks.download.synthetic.signal_check import modality_aucs
 from tasks.params import SyntheticParams
-from tasks.synthetic import generate
-from tasks.synthetic_check import modality_aucs
 
 
 def cnn_image_auc(dataset: Path, epochs: int = 8, seed: int = 0) -> float:

@@ -34,9 +34,9 @@ def plain_loop(cfg: TrainConfig, steps: int, warmup: int) -> float:
     from torch.utils.data import DataLoader
 
     from fusion_model.data import FusionDataset, ValidatedData
+    from fusion_model.fit import model_kwargs
     from fusion_model.module import FusionModule
     from fusion_model.preprocess import Preprocessor
-    from fusion_model.train import model_kwargs
 
     torch.set_num_threads(cfg.threads_per_rank)
     torch.manual_seed(cfg.seed)

@@ -27,11 +27,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fusion_model import checks  # noqa: E402
+from tasks.download.synthetic import generate  # noqa: E402
+from tasks.download.synthetic.images import draw_images, encode_jpeg  # noqa: E402
 from tasks.params import SyntheticParams  # noqa: E402
-from tasks.synthetic import generate  # noqa: E402
-from tasks.synthetic_images import draw_images, encode_jpeg  # noqa: E402
-from tasks.validate import _run_suite  # noqa: E402
-from tasks.validation_tables import read_raw, stratified_split, typed_table, validation_frame  # noqa: E402
+from tasks.validate.stage import _run_suite  # noqa: E402
+from tasks.validate.tables import read_raw, stratified_split, typed_table, validation_frame  # noqa: E402
 
 
 def _timed(label: str, fn, results: dict[str, float]):  # type: ignore[no-untyped-def]

@@ -31,15 +31,6 @@ def key_value_table(data: Mapping[str, Any], first: tuple[str, ...] = ()) -> str
     return "\n".join(rows) + "\n"
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
-    """The file's JSON object, or None when the stage did not write it (the artifact then says so)."""
-    try:
-        data = json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def training_markdown(summary: Mapping[str, Any] | None, path: Path) -> str:
     if summary is None:
         return f"# Training\n\n`{path}` was not written.\n"

@@ -1,9 +1,9 @@
-"""The retrain flow: download -> validate -> train -> convert -> evaluate -> version -> promote.
+"""The retrain flow: every stage, in the order of ARCHITECTURE.md (download ... version, promote).
 
 Each step is a thin Prefect task over the stage function `tasks.<stage>.<stage>` that `dvc repro` also
 runs. Only the download is retried (network failures are transient); a refused dataset or a failed
 training stops the flow before any later step, so nothing versioned or promoted changes. Training runs as
-its own process group (see tasks/train.py), so this flow's body runs once however many ranks train.
+its own process group (see tasks/train/), so this flow's body runs once however many ranks train.
 
 Run it directly (Prefect starts a temporary local server):
     python -m flows.retrain                       # params.yaml, embedded dataset
@@ -31,13 +31,9 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 from pydantic import BaseModel, ValidationError
 
-from flows.artifacts import (
-    conversion_markdown,
-    read_json,
-    run_manifest_markdown,
-    training_markdown,
-)
+from flows.artifacts import conversion_markdown, run_manifest_markdown, training_markdown
 from flows.overrides import ParamOverrides, overrides_dict, parse_set, resolve_params
+from tasks._io.files import read_json_if_present
 from tasks.errors import StageError
 from tasks.params import (
     ConvertParams,
@@ -96,7 +92,7 @@ def train_task(params: TrainParams) -> Any:
 
     result = train(params, logger=get_run_logger())  # every rank's output, line by line, in the run's logs
     summary_path = params.out_dir / "train_summary.json"
-    summary = read_json(summary_path)
+    summary = read_json_if_present(summary_path)
     create_markdown_artifact(
         key="retrain-training", markdown=training_markdown(summary, summary_path), description="Training summary"
     )
@@ -111,7 +107,7 @@ def convert_task(params: ConvertParams) -> Any:
     manifest_path = params.out_dir / "manifest.json"
     create_markdown_artifact(
         key="retrain-conversion",
-        markdown=conversion_markdown(read_json(manifest_path), manifest_path),
+        markdown=conversion_markdown(read_json_if_present(manifest_path), manifest_path),
         description="Conversion manifest",
     )
     return result
@@ -122,8 +118,8 @@ def evaluate_task(params: EvaluateParams) -> Any:
     from tasks.evaluate import evaluate, render_markdown
 
     result = evaluate(params)
-    metrics = read_json(params.out_dir / "metrics.json") or {}
-    ablation = read_json(params.out_dir / "ablation.json")
+    metrics = read_json_if_present(params.out_dir / "metrics.json") or {}
+    ablation = read_json_if_present(params.out_dir / "ablation.json")
     create_markdown_artifact(
         key="retrain-metrics", markdown=render_markdown(metrics, ablation), description="Test-set metrics"
     )
@@ -163,7 +159,7 @@ def promote_task(params: PromoteParams, run_manifest: Path | None) -> Any:
 
 
 def validation_markdown(params: ValidateParams) -> str:
-    """The validate stage's own markdown report (tasks.validation_report.render_markdown wrote it)."""
+    """The validate stage's own markdown report (tasks.validate.report.render_markdown wrote it)."""
     report = params.report_dir / "validation.md"
     if report.is_file():
         return report.read_text()
@@ -253,7 +249,7 @@ def _pipeline(params: Params, run_id: str, promote_model: bool, version_outputs:
     train_task(params.train)
     convert_task(params.convert)
     evaluate_task(params.evaluate)
-    metrics = read_json(params.evaluate.out_dir / "metrics.json") or {}
+    metrics = read_json_if_present(params.evaluate.out_dir / "metrics.json") or {}
     manifest = None
     if version_outputs:
         extra = {"flow_run_id": flow_run.get_id(), "overrides": changes}
@@ -271,10 +267,10 @@ def _pipeline(params: Params, run_id: str, promote_model: bool, version_outputs:
 
 
 def _annotate(manifest: Path, fields: dict[str, Any]) -> None:
-    from tasks.version import write_json_atomic
+    from tasks._io.files import write_json
 
     data = json.loads(manifest.read_text())
-    write_json_atomic(manifest, {**data, **fields})
+    write_json(manifest, {**data, **fields})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -317,7 +313,7 @@ def _print_outcome(result: RetrainResult) -> None:
     from tasks.evaluate import render_markdown
 
     eval_dir = result.eval_dir
-    print(render_markdown(result.metrics, read_json(eval_dir / "ablation.json")) if result.metrics else "")
+    print(render_markdown(result.metrics, read_json_if_present(eval_dir / "ablation.json")) if result.metrics else "")
     print(f"plots: {eval_dir / 'roc.png'}, {eval_dir / 'confusion_matrix.png'} (offline PNGs)")
     if result.run_manifest:
         print(f"run manifest: {result.run_manifest}")

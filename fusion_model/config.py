@@ -7,6 +7,16 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+# `devices: auto` without a GPU: two processes, so the default run is a real multi-process one.
+CPU_PROCESSES_AUTO = 2
+
+
+def processes_per_node(devices: int | str, cuda_devices: int) -> int:
+    """Ranks per node: `devices` as given, or for `auto` every visible GPU, else CPU_PROCESSES_AUTO."""
+    if devices != "auto":
+        return int(devices)
+    return cuda_devices if cuda_devices else CPU_PROCESSES_AUTO
+
 
 class TrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")

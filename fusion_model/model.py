@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-MODALITIES: tuple[str, ...] = ("image", "tabular", "text")
+from fusion_model.schema import MODALITIES
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {
     "relu": nn.ReLU, "gelu": nn.GELU, "leaky_relu": nn.LeakyReLU, "tanh": nn.Tanh,

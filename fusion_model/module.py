@@ -1,7 +1,8 @@
 """LightningModule around ``FusionModel``: one shared step for train/val/test, torchmetrics, AdamW.
 
 The ``FusionModel`` is the single attribute ``self.model``, so every key of this module's state dict is
-``MODEL_PREFIX + <FusionModel key>``; DeepSpeed's raw output adds ``_forward_module.`` in front of that.
+``fusion_model.layout.MODEL_PREFIX + <FusionModel key>``; DeepSpeed's raw output adds
+``layout.DEEPSPEED_PREFIX`` in front of that.
 The conversion stage strips exactly these two prefixes to get plain ``FusionModel`` keys.
 """
 
@@ -17,8 +18,6 @@ from torchmetrics import AUROC, Accuracy, CohenKappa, MetricCollection
 
 from fusion_model.model import FusionModel
 
-MODEL_PREFIX = "model."
-DEEPSPEED_PREFIX = "_forward_module."
 # Primary metric per label kind, logged as "val/<name>" and monitored for the best checkpoint.
 METRIC_NAME: dict[str, str] = {"binary": "auc", "multiclass": "kappa"}
 

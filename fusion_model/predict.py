@@ -20,11 +20,11 @@ import pandas as pd
 import torch
 from torch.utils.data import DataLoader
 
-from fusion_model.model import MODALITIES, FusionModel
+from fusion_model.layout import MODEL_CONFIG, WEIGHTS
+from fusion_model.model import FusionModel
 from fusion_model.preprocess import Preprocessor
+from fusion_model.schema import MODALITIES
 
-WEIGHTS = "model.safetensors"
-CONFIG = "model_config.json"
 # Above this many rows a progress bar is shown (stderr), below it prediction is quiet.
 PROGRESS_MIN_ROWS = 2048
 
@@ -45,7 +45,7 @@ def build_model(config: dict[str, Any]) -> FusionModel:
 
 
 def _read_config(model_dir: Path) -> dict[str, Any]:
-    path = model_dir / CONFIG
+    path = model_dir / MODEL_CONFIG
     if not path.is_file():
         raise PredictError(f"{path} is missing; point --model at the convert stage's output folder (data/model)")
     return json.loads(path.read_text())
@@ -78,7 +78,7 @@ class Predictor:
             model.load_state_dict(state, strict=True)
         except RuntimeError as e:
             raise PredictError(
-                f"{weights} does not match {model_dir / CONFIG} ({str(e).splitlines()[0]}); "
+                f"{weights} does not match {model_dir / MODEL_CONFIG} ({str(e).splitlines()[0]}); "
                 "convert the checkpoint again from the same training run"
             ) from None
         return cls(model.float(), config)

@@ -32,6 +32,8 @@ REQUIRED_COLUMNS: tuple[str, ...] = tuple(c for c in ALL_COLUMNS if c not in OPT
 FEATURE_COLUMNS: tuple[str, ...] = tuple(c for c in REQUIRED_COLUMNS if c != LABEL)
 
 TEXT_COLUMNS: tuple[str, ...] = ("Name", "Description")
+# The model's inputs; evaluation masks each in turn (the ablation).
+MODALITIES: tuple[str, ...] = ("image", "tabular", "text")
 CATEGORICAL_COLUMNS: tuple[str, ...] = (
     "Type", "Breed1", "Breed2", "Gender", "Color1", "Color2", "Color3", "MaturitySize", "FurLength",
     "Vaccinated", "Dewormed", "Sterilized", "Health", "State",

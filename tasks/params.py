@@ -63,7 +63,7 @@ class ConvertParams(_Section):
     checkpoint_dir: Path = Field(Path("data/checkpoints"), description="training output: checkpoint + model_config.json")
     checkpoint_name: str = Field("best.ckpt", description="file (ddp) or DeepSpeed folder inside checkpoint_dir")
     out_dir: Path = Field(Path("data/model"), description="model.safetensors, model_config.json, manifest.json")
-    # fusion_model.module.MODEL_PREFIX: the LightningModule attribute holding the FusionModel, plus "."
+    # fusion_model.layout.MODEL_PREFIX: the LightningModule attribute holding the FusionModel, plus "."
     model_prefix: str = Field("model.", description="prefix stripped from every key after `_forward_module.`")
     lock_timeout_s: float = Field(600, gt=0, description="wait this long for a concurrent conversion")
 

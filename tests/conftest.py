@@ -29,8 +29,8 @@ def tiny_raw_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     Shared by the whole session: treat it as read-only (copy it with shutil.copytree to damage it).
     """
+    from tasks.download.synthetic import generate
     from tasks.params import SyntheticParams
-    from tasks.synthetic import generate
 
     root = tmp_path_factory.mktemp("raw")
     generate(root, SyntheticParams(n_train=240, n_test=80, image_size=32, label_kind="binary", seed=0))

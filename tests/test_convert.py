@@ -20,7 +20,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tasks.convert import convert, sha256_file
+from tasks._io.hashing import sha256_file
+from tasks.convert import convert
 from tasks.errors import StageError
 from tasks.params import ConvertParams
 
@@ -265,7 +266,7 @@ def test_missing_inputs_are_named(shards: Path, tmp_path: Path) -> None:
     with pytest.raises(StageError, match=r"latest: missing; a DeepSpeed checkpoint folder names its tag"):
         convert(params(src, tmp_path / "model"), build_model=tiny_builder)
     (src / "model_config.json").unlink()
-    with pytest.raises(StageError, match=r"model_config.json: missing; the train stage writes the model config"):
+    with pytest.raises(StageError, match=r"model_config.json: missing. The train stage writes it beside the checkpoint"):
         convert(params(src, tmp_path / "model"), build_model=tiny_builder)
     with pytest.raises(StageError, match=r"nowhere/best.ckpt: no such checkpoint"):
         shutil.copy(shards / "z2-fp32" / "model_config.json", tmp_path / "model_config.json")
@@ -341,16 +342,21 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _fusion_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    from fusion_model.module import DEEPSPEED_PREFIX, MODEL_PREFIX
+    from fusion_model.layout import DEEPSPEED_PREFIX, MODEL_PREFIX
 
     return {k.removeprefix(DEEPSPEED_PREFIX).removeprefix(MODEL_PREFIX): v for k, v in state.items()}
 
 
 def test_model_prefix_default_is_the_lightning_modules_attribute() -> None:
-    from fusion_model.module import DEEPSPEED_PREFIX, MODEL_PREFIX
-    from tasks.convert import DEEPSPEED_PREFIX as STRIPPED
+    from fusion_model.layout import MODEL_PREFIX
+    from fusion_model.module import FusionModule
 
-    assert ConvertParams().model_prefix == MODEL_PREFIX and STRIPPED == DEEPSPEED_PREFIX
+    module = FusionModule({"image_model": "test_resnet", "cat_cardinalities": [3], "n_numeric": 1, "num_classes": 2,
+                           "image_size": 32, "text_buckets": 16, "text_dim": 4, "cat_dim": 2, "adapter_dim": 4,
+                           "hidden_sizes": [4]}, label_kind="binary", lr=1e-3, weight_decay=0.0)
+    keys = list(module.state_dict())
+    assert keys and all(k.startswith(ConvertParams().model_prefix) for k in keys), keys[:5]
+    assert ConvertParams().model_prefix == MODEL_PREFIX
 
 
 @pytest.mark.parametrize("run", ["z2", "z3", "ddp"])

@@ -13,15 +13,10 @@ from PIL import Image
 from sklearn.metrics import accuracy_score, cohen_kappa_score, f1_score, log_loss, roc_auc_score
 
 from tasks.errors import StageError
-from tasks.evaluate import (
-    OUTPUT_FILES,
-    check_model_dir,
-    evaluate,
-    load_test_set,
-    render_markdown,
-    write_evaluation,
-)
-from tasks.metrics import compute_metrics, fingerprint_test_set, primary_score
+from tasks.evaluate import OUTPUT_FILES, evaluate, render_markdown
+from tasks.evaluate.inputs import check_model_dir, load_test_set
+from tasks.evaluate.metrics import compute_metrics, fingerprint_test_set, primary_score
+from tasks.evaluate.stage import write_evaluation
 from tasks.params import EvaluateParams
 
 

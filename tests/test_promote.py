@@ -16,11 +16,12 @@ import torch
 from filelock import FileLock
 from safetensors.torch import save_file
 
-import tasks.promote as promote_module
+import tasks.promote.stage as promote_module
 from fusion_model.schema import split_images
+from tasks._io.hashing import sha256_file
 from tasks.errors import StageError
-from tasks.evaluate import sha256_file, write_evaluation
-from tasks.metrics import fingerprint_test_set
+from tasks.evaluate.metrics import fingerprint_test_set
+from tasks.evaluate.stage import write_evaluation
 from tasks.params import PromoteParams
 from tasks.promote import history_path, promote, read_history, render_decision_markdown
 

@@ -8,7 +8,7 @@ from lightning.pytorch.strategies import DDPStrategy
 
 from fusion_model.config import TrainConfig
 from fusion_model.strategies import CPUDeepSpeedStrategy, build_strategy, deepspeed_config
-from tasks.train import build_command
+from tasks.train.stage import build_command
 
 
 def test_deepspeed_config_follows_the_train_section() -> None:
@@ -41,9 +41,9 @@ def test_launch_commands() -> None:
     joined = " ".join(cmd)
     assert "-m torch.distributed.run" in joined and "--nproc_per_node 2" in joined
     assert "--nnodes 2 --node_rank 1 --master_addr 127.0.0.1 --master_port 29555" in joined
-    assert cmd[-4:] == ["-m", "fusion_model.train", "--config", "c.json"]
+    assert cmd[-4:] == ["-m", "fusion_model.fit", "--config", "c.json"]
     spawn = build_command(TrainConfig(strategy="ddp_spawn"), Path("c.json"), nproc=2, port=1)
-    assert "torch.distributed.run" not in spawn and spawn[1:3] == ["-m", "fusion_model.train"]
+    assert "torch.distributed.run" not in spawn and spawn[1:3] == ["-m", "fusion_model.fit"]
 
 
 def test_the_train_stage_never_imports_lightning_into_its_caller() -> None:

@@ -11,9 +11,9 @@ import pytest
 from PIL import Image
 
 from fusion_model import schema
+from tasks.download.synthetic import generate
+from tasks.download.synthetic.signal_check import modality_aucs
 from tasks.params import SyntheticParams
-from tasks.synthetic import generate
-from tasks.synthetic_check import modality_aucs
 
 
 def _hashes(root: Path) -> dict[str, str]:

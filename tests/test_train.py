@@ -21,8 +21,9 @@ import torch
 from safetensors.torch import load_file
 
 from fusion_model.config import TrainConfig
+from tasks._io.ports import free_port
 from tasks.errors import StageError
-from tasks.train import TrainSummary, free_port, train
+from tasks.train import TrainSummary, train
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -234,7 +235,7 @@ def test_a_cancelled_caller_takes_its_ranks_down(data_dir: Path, tmp_path: Path)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:  # wait until both ranks run
-            ranks = [p for p in _processes_mentioning(str(out)) if "fusion_model.train" in p.info["cmdline"]]
+            ranks = [p for p in _processes_mentioning(str(out)) if "fusion_model.fit" in p.info["cmdline"]]
             if len(ranks) >= 3:  # the launcher and two ranks
                 break
             time.sleep(0.5)

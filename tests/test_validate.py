@@ -19,9 +19,9 @@ from fusion_model import checks
 from fusion_model.schema import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS, REQUIRED_COLUMNS
 from tasks.params import ValidateParams
 from tasks.validate import ValidationError, validate
-from tasks.validation_report import ValidationReport, render_html, render_markdown
-from tasks.validation_suite import SUITE_PATH, suite_json
-from tasks.validation_tables import stratified_split
+from tasks.validate.report import ValidationReport, render_html, render_markdown
+from tasks.validate.suite import SUITE_PATH, suite_json
+from tasks.validate.tables import stratified_split
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -292,7 +292,7 @@ def test_label_kind_multiclass_rejects_nothing_valid_but_requires_every_class(da
 
 # -------------------------------------------------------------------------------- suite and reports
 def test_suite_json_is_regenerated_from_code() -> None:
-    assert SUITE_PATH.read_text() == suite_json(), "run `python -m tasks.validation_suite` and review the diff"
+    assert SUITE_PATH.read_text() == suite_json(), "run `python -m tasks.validate.suite` and review the diff"
     suite = json.loads(SUITE_PATH.read_text())
     kinds = {e["type"] for e in suite["expectations"]}
     assert {"expect_column_to_exist", "expect_column_values_to_be_in_set", "expect_column_values_to_be_between",

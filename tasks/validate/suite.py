@@ -1,7 +1,7 @@
 """The PetFinder expectation suite (GX 1.x), defined in code and saved as reviewable JSON.
 
-Run ``python -m tasks.validation_suite`` after changing this file or `fusion_model/schema.py` to
-regenerate ``tasks/suites/petfinder.json``; a test fails while the two disagree. The suite is static:
+Run ``python -m tasks.validate.suite`` after changing this file or `fusion_model/schema.py` to
+regenerate ``tasks/validate/suites/petfinder.json``; a test fails while the two disagree. The suite is static:
 the label set and the classes every table must contain are suite parameters (``$PARAMETER``) filled in
 at run time from params.yaml, so one reviewed file serves binary and 0-4 labels.
 
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     if "--check" in argv:
         current = SUITE_PATH.read_text() if SUITE_PATH.exists() else ""
         if current != text:
-            print(f"{SUITE_PATH} is stale: run python -m tasks.validation_suite", file=sys.stderr)
+            print(f"{SUITE_PATH} is stale: run python -m tasks.validate.suite", file=sys.stderr)
             return 1
         return 0
     SUITE_PATH.parent.mkdir(parents=True, exist_ok=True)

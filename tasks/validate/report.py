@@ -15,8 +15,8 @@ from pydantic import BaseModel, Field
 
 from fusion_model.checks import BREED_MATCHES_TYPE, IMAGE_CHECK_COLUMNS, IMAGE_ISSUE
 from fusion_model.schema import IMAGES, OPTIONAL_COLUMNS
-from tasks.validation_suite import DERIVED_FROM, ROW_ID, expectation_key, suite_order
-from tasks.validation_tables import RawTable
+from tasks.validate.suite import DERIVED_FROM, ROW_ID, expectation_key, suite_order
+from tasks.validate.tables import RawTable
 
 MAX_EXAMPLES = 5
 # Derived columns are shown through the CSV cells they were computed from.

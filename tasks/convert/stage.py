@@ -13,19 +13,15 @@ complete and nothing else writes them. The stage
   from `model_config.json`, and every weight is finite; the output's sha256 is taken from the bytes as
   they are written.
 
-Tensors are located in the shards without loading them (see `tasks.zero_checkpoint`) and copied through
+Tensors are located in the shards without loading them (see `tasks.convert.zero_layout`) and copied through
 one small buffer, so memory stays flat whatever the model size.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import shutil
-import subprocess
 import time
-import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -37,20 +33,23 @@ import torch
 from filelock import FileLock, Timeout
 from pydantic import BaseModel
 
+from fusion_model.layout import (
+    CONVERSION_MANIFEST,
+    DEEPSPEED_PREFIX,
+    MODEL_CONFIG,
+    TRAIN_SUMMARY,
+    WEIGHTS,
+)
+from tasks._io.files import copy_file, publish, read_json, stale_temps, temp_path_beside, write_json
+from tasks._io.git import code_version
+from tasks._io.hashing import sha256_file
+from tasks.convert.safetensors_writer import write_safetensors
+from tasks.convert.verify import ModelBuilder, verify_strict
+from tasks.convert.zero_layout import SourcePlan, TensorPlan, plan_source
 from tasks.errors import StageError
 from tasks.params import ConvertParams
-from tasks.safetensors_stream import write_safetensors
-from tasks.zero_checkpoint import SourcePlan, TensorPlan, plan_source
 
-MODEL_FILE = "model.safetensors"
-CONFIG_FILE = "model_config.json"
-SUMMARY_FILE = "train_summary.json"
-MANIFEST_FILE = "manifest.json"
 LOCK_FILE = ".convert.lock"
-# DeepSpeed's engine wraps Lightning's module wrapper, whose attribute `_forward_module` is the
-# LightningModule (fusion_model.module.DEEPSPEED_PREFIX).
-DEEPSPEED_PREFIX = "_forward_module."
-ModelBuilder = Callable[[dict[str, Any]], torch.nn.Module]
 
 
 class ConvertSummary(BaseModel):
@@ -75,64 +74,6 @@ def _default_builder(config: dict[str, Any]) -> torch.nn.Module:
     return build_model(config)
 
 
-def sha256_file(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def code_version() -> str:
-    root = Path(__file__).resolve().parents[1]
-    try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
-        if rev.returncode == 0 and rev.stdout.strip():
-            return "git:" + rev.stdout.strip()
-    except (FileNotFoundError, subprocess.TimeoutExpired):
-        pass  # not a git checkout (installed package): the package version below
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return "petfinder-retrain==" + version("petfinder-retrain")
-    except PackageNotFoundError:
-        return "unknown"
-
-
-def _write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    with open(tmp, "w") as f:
-        f.write(json.dumps(data, indent=2, default=str) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _copy_atomic(src: Path, dest: Path) -> None:
-    tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp")
-    shutil.copyfile(src, tmp)
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, dest)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _read_json(path: Path, what: str) -> dict[str, Any]:
-    if not path.is_file():
-        raise StageError(f"{path}: missing; the train stage writes {what} beside the checkpoint. Run training first.")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise StageError(f"{path}: not valid JSON ({e}); re-run training to rewrite it.") from None
-    if not isinstance(data, dict):
-        raise StageError(f"{path}: expected a JSON object, found {type(data).__name__}; re-run training.")
-    return data
-
-
 def rename_for_model(plans: tuple[TensorPlan, ...], model_prefix: str, source: Path) -> list[TensorPlan]:
     """Strip DeepSpeed's and the LightningModule's prefixes so keys equal the model's own state_dict."""
     renamed, outside = [], []
@@ -151,70 +92,10 @@ def rename_for_model(plans: tuple[TensorPlan, ...], model_prefix: str, source: P
     return renamed
 
 
-class _SkipInit(torch.overrides.TorchFunctionMode):
-    """Skip weight initialisation while building on the meta device: there is no data to fill, and random
-    fills on meta tensors go through Python decompositions that import torch._dynamo (seconds)."""
-
-    _RANDOM_FILLS = frozenset({"normal_", "uniform_", "erfinv_", "exponential_", "log_normal_", "cauchy_",
-                               "geometric_", "bernoulli_", "random_"})
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        kwargs = kwargs or {}
-        target = args[0] if args else kwargs.get("tensor")
-        skip = getattr(func, "__module__", None) == "torch.nn.init" or getattr(func, "__name__", "") in self._RANDOM_FILLS
-        if skip and isinstance(target, torch.Tensor) and target.is_meta:
-            return target
-        return func(*args, **kwargs)
-
-
-def verify_strict(model_file: Path, config: dict[str, Any], build_model: ModelBuilder, config_path: Path) -> dict[str, Any]:
-    """Load the written file's keys, shapes and dtypes into the model with strict=True, without its data.
-
-    The model is built on the meta device and the file's header becomes meta tensors, so this costs no
-    memory; a missing, unexpected or mis-shaped key raises with the key's name.
-    """
-    from safetensors import safe_open
-
-    with torch.device("meta"), _SkipInit():
-        try:
-            model = build_model(config)
-        except Exception as e:
-            raise StageError(f"{config_path}: the model cannot be built from this config ({e}); re-run training.") from None
-    expected = model.state_dict()
-    tensors = {}
-    with safe_open(str(model_file), framework="pt") as f:
-        for key in f.keys():
-            sl = f.get_slice(key)
-            dtype = getattr(torch, {"F32": "float32", "I64": "int64", "BF16": "bfloat16", "F16": "float16",
-                                    "I32": "int32", "U8": "uint8", "BOOL": "bool", "F64": "float64",
-                                    "I8": "int8", "I16": "int16"}[sl.get_dtype()])
-            tensors[key] = torch.empty(sl.get_shape(), dtype=dtype, device="meta")
-    wrong_dtype = [
-        f"{k} ({tensors[k].dtype}, model {v.dtype})"
-        for k, v in expected.items()
-        if k in tensors and tensors[k].dtype != (torch.float32 if v.dtype.is_floating_point else v.dtype)
-    ]
-    try:
-        model.load_state_dict(tensors, strict=True, assign=True)
-    except RuntimeError as e:
-        raise StageError(
-            f"{model_file}: does not load into {type(model).__name__} with strict=True: {e}. The checkpoint "
-            f"and {config_path} describe different models; re-run training so both come from one run."
-        ) from None
-    if wrong_dtype:
-        raise StageError(f"{model_file}: unexpected dtypes {', '.join(wrong_dtype[:5])}; expected fp32 weights.")
-    return {
-        "strict_load": True,
-        "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "keys": len(tensors),
-    }
-
-
 def _up_to_date(out_dir: Path, identity: dict[str, Any]) -> dict[str, Any] | None:
     """The existing manifest, when it records this very source and the output still matches it."""
-    manifest_path, model_file = out_dir / MANIFEST_FILE, out_dir / MODEL_FILE
-    if not (manifest_path.is_file() and model_file.is_file() and (out_dir / CONFIG_FILE).is_file()):
+    manifest_path, model_file = out_dir / CONVERSION_MANIFEST, out_dir / WEIGHTS
+    if not (manifest_path.is_file() and model_file.is_file() and (out_dir / MODEL_CONFIG).is_file()):
         return None
     try:
         manifest = json.loads(manifest_path.read_text())
@@ -224,7 +105,7 @@ def _up_to_date(out_dir: Path, identity: dict[str, Any]) -> dict[str, Any] | Non
         return None
     if sha256_file(model_file) != manifest.get("output", {}).get("sha256"):
         return None
-    if sha256_file(out_dir / CONFIG_FILE) != identity["model_config_sha256"]:
+    if sha256_file(out_dir / MODEL_CONFIG) != identity["model_config_sha256"]:
         return None
     return manifest
 
@@ -241,8 +122,7 @@ def _same_sizes(manifest_path: Path, files: tuple[Path, ...], root: Path) -> boo
 
 def _remove_stale_temps(out_dir: Path) -> list[str]:
     """Temporary files of runs that were killed; safe to delete while we hold the lock."""
-    stale = [*out_dir.glob(f".{MODEL_FILE}.*.tmp"), *out_dir.glob(f".{MANIFEST_FILE}.*.tmp"),
-             *out_dir.glob(f".{CONFIG_FILE}.*.tmp")]
+    stale = [t for name in (WEIGHTS, CONVERSION_MANIFEST, MODEL_CONFIG) for t in stale_temps(out_dir / name)]
     for path in stale:
         path.unlink(missing_ok=True)
     return [p.name for p in stale]
@@ -260,9 +140,10 @@ def convert(
     """
     started = time.perf_counter()
     checkpoint = p.checkpoint_dir / p.checkpoint_name
-    config_path, summary_path = p.checkpoint_dir / CONFIG_FILE, p.checkpoint_dir / SUMMARY_FILE
-    config = _read_json(config_path, "the model config")
-    train_summary = _read_json(summary_path, "the training summary")
+    config_path, summary_path = p.checkpoint_dir / MODEL_CONFIG, p.checkpoint_dir / TRAIN_SUMMARY
+    fix = "The train stage writes it beside the checkpoint: run training first (or re-run it to rewrite the file)."
+    config = read_json(config_path, fix)
+    train_summary = read_json(summary_path, fix)
     if not checkpoint.exists():
         raise StageError(
             f"{checkpoint}: no such checkpoint (a file for ddp/ddp_spawn, a folder for DeepSpeed). Run the "
@@ -296,7 +177,7 @@ def _convert_locked(
     _remove_stale_temps(out_dir)
     source = plan_source(checkpoint)  # checks the shard set before anything is hashed or written
     hashed = [*source.files, config_path]
-    model_file, manifest_path = out_dir / MODEL_FILE, out_dir / MANIFEST_FILE
+    model_file, manifest_path = out_dir / WEIGHTS, out_dir / CONVERSION_MANIFEST
     # Hashing the shards costs about as much as converting them: hash in background threads while the
     # output is written, unless the manifest already names files of these sizes (then the hashes decide
     # first whether there is anything to do).
@@ -318,7 +199,7 @@ def _convert_locked(
 
         plans = rename_for_model(source.tensors, p.model_prefix, checkpoint)
         metadata = {"format": "pt", "source": str(checkpoint.resolve())}
-        tmp = out_dir / f".{MODEL_FILE}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
+        tmp = temp_path_beside(model_file)
         try:
             written = write_safetensors(tmp, plans, metadata, on_tensor)
             if written.non_finite:
@@ -329,13 +210,12 @@ def _convert_locked(
                 )
             verification = verify_strict(tmp, config, build_model, config_path)
             source_identity = identity()
-            os.replace(tmp, model_file)
+            publish(tmp, model_file)
         finally:
             tmp.unlink(missing_ok=True)
-    _fsync_dir(out_dir)
-    _copy_atomic(config_path, out_dir / CONFIG_FILE)
+    copy_file(config_path, out_dir / MODEL_CONFIG)
     output = {
-        "file": MODEL_FILE,
+        "file": WEIGHTS,
         "sha256": written.sha256,
         "bytes": written.file_bytes,
         "data_bytes": written.data_bytes,
@@ -359,8 +239,7 @@ def _convert_locked(
         "verification": {**verification, "all_finite": True},
         "seconds": round(time.perf_counter() - started, 3),
     }
-    _write_json_atomic(manifest_path, manifest)
-    _fsync_dir(out_dir)
+    write_json(manifest_path, manifest)
     kind = f"ZeRO stage {source.zero_stage}, {source.world_size} ranks" if source.zero_stage else source.kind
     return _summary(True, f"converted {checkpoint} ({kind}) into {model_file}", p, source, output, started)
 
@@ -368,8 +247,8 @@ def _convert_locked(
 def _summary(converted: bool, message: str, p: ConvertParams, source: SourcePlan, output: dict[str, Any],
              started: float) -> ConvertSummary:
     return ConvertSummary(
-        converted=converted, message=message, model_file=p.out_dir / MODEL_FILE,
-        manifest=p.out_dir / MANIFEST_FILE, source=source.checkpoint, kind=source.kind,
+        converted=converted, message=message, model_file=p.out_dir / WEIGHTS,
+        manifest=p.out_dir / CONVERSION_MANIFEST, source=source.checkpoint, kind=source.kind,
         zero_stage=source.zero_stage, world_size=source.world_size, tensors=output["tensors"],
         parameters=output["parameters"], bytes=output["bytes"], sha256=output["sha256"],
         seconds=round(time.perf_counter() - started, 3),

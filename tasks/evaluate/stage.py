@@ -8,7 +8,6 @@ training checkpoint, is what proves the conversion.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from collections.abc import Mapping, Sequence
@@ -20,9 +19,14 @@ import pandas as pd
 from filelock import FileLock
 from pydantic import BaseModel
 
-from tasks.atomic import recover_dir, swap_in, temp_dir_beside
+from fusion_model.layout import WEIGHTS
+from fusion_model.schema import MODALITIES
+from tasks._io.files import write_json
+from tasks._io.folders import recover_dir, swap_dir, temp_dir_beside
+from tasks._io.hashing import sha256_file
 from tasks.errors import StageError
-from tasks.metrics import (
+from tasks.evaluate.inputs import check_model_dir, load_predictor, load_test_set
+from tasks.evaluate.metrics import (
     LabelKind,
     as_class_probabilities,
     compute_metrics,
@@ -32,12 +36,9 @@ from tasks.metrics import (
     primary_metric_name,
     primary_score,
 )
+from tasks.evaluate.plots import write_confusion, write_roc
 from tasks.params import EvaluateParams
-from tasks.plots import write_confusion, write_roc
 
-MODALITIES: tuple[str, ...] = ("image", "tabular", "text")
-# What convert writes; evaluation and prediction need all three.
-MODEL_FILES: tuple[str, ...] = ("model.safetensors", "model_config.json", "manifest.json")
 OUTPUT_FILES: tuple[str, ...] = (
     "metrics.json", "predictions.csv", "ablation.json", "roc.png", "confusion_matrix.png", "roc.csv",
     "confusion.csv",
@@ -52,77 +53,6 @@ class EvaluationSummary(BaseModel):
     metrics: dict[str, float | None]
     ablation_drop: dict[str, float | None]
     plots: list[Path]
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def check_model_dir(model_dir: Path) -> None:
-    """Refuse a model folder that is not a complete conversion output, naming what is missing."""
-    if not model_dir.is_dir():
-        raise StageError(
-            f"{model_dir}: no model folder. Run `python -m tasks convert` to write model.safetensors, "
-            "model_config.json and manifest.json there from the training checkpoint."
-        )
-    missing = [name for name in MODEL_FILES if not (model_dir / name).is_file()]
-    if missing:
-        raise StageError(
-            f"{model_dir}: missing {', '.join(missing)}; the folder is not a complete converted model. "
-            "Run `python -m tasks convert` (it writes model.safetensors, model_config.json and manifest.json "
-            "together) and evaluate again."
-        )
-
-
-def read_json(path: Path, fix: str) -> dict[str, Any]:
-    """A JSON file another stage wrote; missing or unreadable -> StageError ending with `fix`."""
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise StageError(f"{path}: missing. {fix}") from None
-    except json.JSONDecodeError as e:
-        raise StageError(f"{path}: not valid JSON ({e}). {fix}") from None
-
-
-def load_test_set(data_dir: Path) -> tuple[pd.DataFrame, dict[str, Any], Path]:
-    """The validated test table, its meta.json and the images root the table's relative paths start from."""
-    fix = "Run `python -m tasks validate` to write data/validated/."
-    meta = read_json(data_dir / "meta.json", fix)
-    for key in ("dataset_root", "label", "label_kind", "classes"):
-        if key not in meta:
-            raise StageError(f"{data_dir / 'meta.json'}: no `{key}` key. {fix}")
-    test_path = data_dir / "test.parquet"
-    if not test_path.is_file():
-        raise StageError(f"{test_path}: missing. {fix}")
-    table = pd.read_parquet(test_path)
-    for column in ("row_id", meta["label"]):
-        if column not in table.columns:
-            raise StageError(f"{test_path}: no `{column}` column. {fix}")
-    if table.empty:
-        raise StageError(f"{test_path}: no rows to evaluate. Check the raw test.csv and re-run validate.")
-    root = Path(meta["dataset_root"])
-    images_root = root if root.is_absolute() else data_dir / root
-    return table, meta, images_root
-
-
-def load_predictor(model_dir: Path) -> Any:
-    """`fusion_model.predict.Predictor` for a checked model folder; unreadable files become a StageError."""
-    from safetensors import SafetensorError
-
-    from fusion_model.predict import Predictor  # torch/timm load only when a model is really needed
-
-    check_model_dir(model_dir)
-    try:
-        return Predictor.load(model_dir)
-    except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as e:
-        raise StageError(
-            f"{model_dir}: cannot load the converted model ({type(e).__name__}: {e}). Re-run "
-            "`python -m tasks convert` to rewrite it (and train first if the checkpoint is gone)."
-        ) from e
 
 
 def predictions_frame(
@@ -184,12 +114,12 @@ def write_evaluation(
         "classes": classes,
         **provenance,
     }
-    (out_dir / "metrics.json").write_text(json.dumps(content, indent=2) + "\n")
+    write_json(out_dir / "metrics.json", content)
     predictions_frame(row_ids, y_true, proba, classes).to_csv(out_dir / "predictions.csv", index=False)
     ablation = ablation_report(
         y_true, metrics, {m: as_class_probabilities(p, classes) for m, p in masked.items()}, classes, label_kind
     )
-    (out_dir / "ablation.json").write_text(json.dumps(ablation, indent=2) + "\n")
+    write_json(out_dir / "ablation.json", ablation)
     write_roc(out_dir, y_true, proba, classes)
     write_confusion(out_dir, y_true, predicted_labels(proba, classes), classes)
     return content
@@ -237,7 +167,7 @@ def evaluate(p: EvaluateParams) -> EvaluationSummary:
     }
     provenance = {
         "test_set": {"path": str(p.data_dir / "test.parquet"), "fingerprint": fingerprint_test_set(table, label)},
-        "model": {"path": str(p.model_dir), "sha256": sha256_file(p.model_dir / "model.safetensors")},
+        "model": {"path": str(p.model_dir), "sha256": sha256_file(p.model_dir / WEIGHTS)},
     }
 
     p.out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -250,7 +180,7 @@ def evaluate(p: EvaluateParams) -> EvaluationSummary:
                 {m: np.asarray(v) for m, v in masked.items()}, classes, label_kind, provenance,
             )
             ablation = json.loads((tmp / "ablation.json").read_text())
-            swap_in(tmp, p.out_dir)
+            swap_dir(tmp, p.out_dir)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

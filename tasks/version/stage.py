@@ -9,8 +9,8 @@ its own calls with a file lock and tells DVC to wait for the repo lock instead o
 
 from __future__ import annotations
 
+import io
 import json
-import os
 import subprocess
 import sys
 import uuid
@@ -22,6 +22,8 @@ import yaml
 from filelock import FileLock, Timeout
 from pydantic import BaseModel
 
+from tasks._io.files import write_json, write_text
+from tasks._io.git import has_tracked_changes, head_rev
 from tasks.errors import StageError
 from tasks.params import Params, VersionParams, load_params
 
@@ -55,20 +57,6 @@ def dvc(*args: str, timeout_s: float = 1800, fix: str = "") -> str:
     """Run one DVC command in the current repo; waits for DVC's repo lock rather than failing on it."""
     cmd = [sys.executable, "-m", "dvc", "--wait-for-lock", *args]
     return _run(cmd, timeout_s, f"`dvc {' '.join(args)}`", fix)
-
-
-def git_state() -> tuple[str | None, bool]:
-    """(HEAD commit, whether tracked files differ from it); (None, False) outside git or before a commit."""
-    try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
-        if rev.returncode != 0:
-            return None, False
-        status = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, check=False
-        )
-        return rev.stdout.strip(), bool(status.stdout.strip())
-    except FileNotFoundError:  # git not installed: the manifest still records DVC's hashes
-        return None, False
 
 
 def record_params(params_file: Path, effective: Params) -> list[str]:
@@ -105,10 +93,9 @@ def record_params(params_file: Path, effective: Params) -> list[str]:
                 node[k] = {}
             node = node[k]
         node[key[-1]] = value
-    tmp = params_file.with_name(f".{params_file.name}.{uuid.uuid4().hex[:8]}")
-    with open(tmp, "w") as f:
-        rt.dump(doc, f)
-    os.replace(tmp, params_file)
+    out = io.StringIO()
+    rt.dump(doc, out)
+    write_text(params_file, out.getvalue())
     return [".".join(k) for k, _ in changes]
 
 
@@ -122,13 +109,6 @@ def flatten_metrics(shown: dict[str, Any]) -> dict[str, Any]:
     """`dvc metrics show --json` ({"": {"data": {file: {"data": values}}}}) -> {file: values}, workspace only."""
     files = shown.get("", {}).get("data", {})
     return {path: entry.get("data", entry.get("error")) for path, entry in files.items()}
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
 
 
 def _check_repo(params: VersionParams) -> None:
@@ -203,10 +183,10 @@ def version(
             f"{LOCK_FILE}: another version step has held this lock for over {params.lock_timeout_s:.0f} s. "
             "Wait for it to finish, or raise `version.lock_timeout_s`; delete the file only if no retrain runs."
         ) from None
-    rev, dirty = git_state()
+    rev, dirty = head_rev(), has_tracked_changes()
     outs = lock_outs(lock, params.stages)
     manifest_path = params.manifest_dir / f"{run_id}.json"
-    write_json_atomic(
+    write_json(
         manifest_path,
         {
             "run_id": run_id,

@@ -1,4 +1,4 @@
-"""Per-rank training entry point: ``python -m fusion_model.train --config train_config.json``.
+"""Per-rank training entry point: ``python -m fusion_model.fit --config train_config.json``.
 
 Launched by ``torchrun`` once per rank (ddp, deepspeed) or once in total for ``ddp_spawn`` (Lightning
 spawns the ranks). Every rank fits; global rank 0 writes ``model_config.json`` and
@@ -23,22 +23,16 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from fusion_model.callbacks import ProgressPrinter, Throughput
-from fusion_model.config import TrainConfig
+from fusion_model.config import TrainConfig, processes_per_node
 from fusion_model.data import FusionDataModule, ValidatedData
+from fusion_model.layout import BEST_CHECKPOINT, LAST_CHECKPOINT, MODEL_CONFIG, TRAIN_SUMMARY
 from fusion_model.module import FusionModule, metric_name
 from fusion_model.preprocess import Preprocessor
+from fusion_model.schema import LABEL
 from fusion_model.strategies import build_strategy
+from tasks._io.files import write_json
 
-MODEL_CONFIG = "model_config.json"
-TRAIN_SUMMARY = "train_summary.json"
 FORMAT_VERSION = 1
-
-
-def resolve_devices(cfg: TrainConfig, on_cuda: bool) -> int:
-    """`auto`: every GPU on CUDA, 2 processes on CPU (a real multi-process run even on a laptop)."""
-    if cfg.devices != "auto":
-        return int(cfg.devices)
-    return torch.cuda.device_count() if on_cuda else 2
 
 
 def uses_cuda(cfg: TrainConfig) -> bool:
@@ -69,12 +63,6 @@ def model_kwargs(cfg: TrainConfig, pre: Preprocessor, num_classes: int) -> dict[
         "layer_norm": cfg.layer_norm,
         "modalities": list(cfg.modalities),
     }
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(tmp, path)  # a killed run leaves the old file or the new one, never half of one
 
 
 def gathered_fp32_state(trainer: Any, module: Any) -> dict[str, torch.Tensor] | None:
@@ -145,7 +133,7 @@ class FinishRun(pl.Callback):
             "best_score": float(best) if best is not None else None,
             "best_checkpoint": str(Path(self.checkpoint.best_model_path).resolve())
             if self.checkpoint.best_model_path else None,
-            "last_checkpoint": str((out_dir / "last.ckpt").resolve()),
+            "last_checkpoint": str((out_dir / LAST_CHECKPOINT).resolve()),
             "checkpoint_kind": "deepspeed_zero" if cfg.strategy == "deepspeed" else "lightning",
             "resumed_from": self.resume_from,
             "fit_wall_s": round(time.perf_counter() - self._started, 2),
@@ -173,9 +161,10 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     datamodule = FusionDataModule(data, pre, batch_size=cfg.batch_size, num_workers=cfg.num_workers)
 
     on_cuda = uses_cuda(cfg)
-    devices = int(os.environ["LOCAL_WORLD_SIZE"]) if "LOCAL_WORLD_SIZE" in os.environ else resolve_devices(cfg, on_cuda)
+    devices = (int(os.environ["LOCAL_WORLD_SIZE"]) if "LOCAL_WORLD_SIZE" in os.environ
+               else processes_per_node(cfg.devices, torch.cuda.device_count() if on_cuda else 0))
     checkpoint = ModelCheckpoint(
-        dirpath=out_dir, filename="best", monitor=f"val/{metric}", mode="max", save_top_k=1, save_last=True,
+        dirpath=out_dir, filename=Path(BEST_CHECKPOINT).stem, monitor=f"val/{metric}", mode="max", save_top_k=1, save_last=True,
         enable_version_counter=False,  # overwrite best.ckpt instead of writing best-v1.ckpt
         auto_insert_metric_name=False,
     )
@@ -202,14 +191,14 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
             "format_version": FORMAT_VERSION,
             "model": kwargs,
             "preprocess": pre.to_dict(),
-            "label": "AdoptionSpeed",
+            "label": LABEL,
             "label_kind": data.label_kind,
             "classes": data.classes,
             "metric": metric,
         })
     resume_from = None
     if cfg.resume:
-        last = out_dir / "last.ckpt"
+        last = out_dir / LAST_CHECKPOINT
         if not last.exists():
             raise FileNotFoundError(f"--resume: {last} does not exist; train once without --resume first")
         resume_from = str(last)
@@ -221,7 +210,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
 
 @record  # torchrun then prints the failing rank's traceback in its error summary
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fusion_model.train", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m fusion_model.fit", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, required=True, help="TrainConfig as JSON (written by tasks.train)")
     parser.add_argument("--resume", action="store_true", help="continue from out_dir/last.ckpt")
     parser.add_argument("--save-gathered-weights", type=Path, default=None, metavar="PATH",

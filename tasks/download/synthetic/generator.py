@@ -20,9 +20,9 @@ import numpy as np
 import pandas as pd
 
 from fusion_model import schema
+from tasks.download.synthetic.images import draw_images, encode_jpeg
+from tasks.download.synthetic.text import draw_descriptions, draw_names
 from tasks.params import SyntheticParams
-from tasks.synthetic_images import draw_images, encode_jpeg
-from tasks.synthetic_text import draw_descriptions, draw_names
 
 # Weights of the standardised modality scores in the label's latent, and the latent's noise. Tuned so a
 # simple model on a few thousand rows reaches AUC ~0.75 tabular, ~0.72 text, ~0.70 image, ~0.88 all (see

@@ -1,8 +1,8 @@
 """Train stage: launch the per-rank entry point as its own process group and wait for it.
 
 Lightning's ``ddp`` re-executes ``sys.argv`` once per rank, so training inline would re-run the caller
-(a Prefect flow body) on every rank. Instead this function starts ``torchrun ... -m fusion_model.train``
-(ddp, deepspeed) or one ``python -m fusion_model.train`` that spawns its ranks (ddp_spawn) in a new
+(a Prefect flow body) on every rank. Instead this function starts ``torchrun ... -m fusion_model.fit``
+(ddp, deepspeed) or one ``python -m fusion_model.fit`` that spawns its ranks (ddp_spawn) in a new
 session, streams its output line by line to the caller's logger, and when any rank fails (or the caller
 is interrupted or sent SIGTERM) ends the launcher and every rank, then raises ``StageError`` with the
 rank's error and the log's tail. Neither torch nor Lightning is imported here.
@@ -11,25 +11,23 @@ rank's error and the log's tail. Neither torch nor Lightning is imported here.
 from __future__ import annotations
 
 import collections
-import contextlib
 import logging
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 from pydantic import BaseModel
 
-from fusion_model.config import TrainConfig
+from fusion_model.config import TrainConfig, processes_per_node
+from fusion_model.layout import BEST_CHECKPOINT, LAST_CHECKPOINT, TRAIN_SUMMARY
+from tasks._io.ports import free_port
 from tasks.errors import StageError
+from tasks.train.process_tree import ProcessTree, sigterm_raises
 
 log = logging.getLogger(__name__)
 
@@ -73,12 +71,6 @@ def _default_logger() -> logging.Logger:
     return log
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _cuda_devices() -> int:
     """GPUs visible to the ranks, without initialising CUDA in this (the caller's) process."""
     if shutil.which("nvidia-smi") is None:
@@ -90,13 +82,12 @@ def _cuda_devices() -> int:
     return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
 
 
-def processes_per_node(p: TrainConfig) -> int:
-    if p.devices != "auto":
-        return int(p.devices)
+def node_processes(p: TrainConfig) -> int:
+    """Ranks on this node: `train.devices`, or for `auto` the rule of `fusion_model.config.processes_per_node`."""
     gpus = _cuda_devices() if p.accelerator in ("auto", "gpu") else 0
     if p.accelerator == "gpu" and gpus == 0:
         raise StageError("train.accelerator is 'gpu' but no CUDA device is visible; set it to auto or cpu")
-    return gpus if gpus else 2  # CPU: 2 processes, so the default run is a real multi-process one
+    return processes_per_node(p.devices, gpus)
 
 
 def _check_inputs(p: TrainConfig) -> None:
@@ -106,9 +97,9 @@ def _check_inputs(p: TrainConfig) -> None:
                 f"{Path(p.data_dir) / name} is missing; run `python -m tasks validate` first "
                 "(or point train.data_dir at a validated folder)"
             )
-    if p.resume and not (Path(p.out_dir) / "last.ckpt").exists():
+    if p.resume and not (Path(p.out_dir) / LAST_CHECKPOINT).exists():
         raise StageError(
-            f"resume: {Path(p.out_dir) / 'last.ckpt'} does not exist; train once with resume false first"
+            f"resume: {Path(p.out_dir) / LAST_CHECKPOINT} does not exist; train once with resume false first"
         )
     if p.num_nodes > 1 and p.master_port is None:
         raise StageError("num_nodes > 1 needs train.master_port (and master_addr) shared by every node")
@@ -117,7 +108,7 @@ def _check_inputs(p: TrainConfig) -> None:
 def _clear_previous_outputs(out_dir: Path) -> None:
     """A fresh run must not leave an older run's shards next to its own (a ZeRO folder written by more
     ranks would keep extra shard files and make the conversion refuse or mix runs)."""
-    for name in ("best.ckpt", "last.ckpt", "train_summary.json"):
+    for name in (BEST_CHECKPOINT, LAST_CHECKPOINT, TRAIN_SUMMARY):
         path = out_dir / name
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
@@ -126,7 +117,7 @@ def _clear_previous_outputs(out_dir: Path) -> None:
 
 
 def build_command(p: TrainConfig, config_path: Path, nproc: int, port: int) -> list[str]:
-    entry = ["-m", "fusion_model.train", "--config", str(config_path)]
+    entry = ["-m", "fusion_model.fit", "--config", str(config_path)]
     if p.strategy == "ddp_spawn":
         return [sys.executable, *entry]  # Lightning spawns the ranks from this one process
     return [
@@ -152,82 +143,6 @@ def _environment(p: TrainConfig, port: int) -> dict[str, str]:
     return env
 
 
-class _ProcessTree:
-    """Every process the launcher started, remembered while it runs.
-
-    torchrun starts each rank in a session of its own, so killing the launcher's process group does not
-    reach the ranks, and a rank orphaned by a dead launcher is no longer its descendant. The tree is
-    therefore sampled while the launcher lives, and everything sampled is ended at the close.
-    """
-
-    def __init__(self, proc: subprocess.Popen[str]) -> None:
-        self.proc = proc
-        self.known: dict[int, psutil.Process] = {}
-        self._lock = threading.Lock()
-
-    def sample(self) -> None:
-        try:
-            children = psutil.Process(self.proc.pid).children(recursive=True)
-        except psutil.Error:
-            return
-        with self._lock:
-            for child in children:
-                self.known.setdefault(child.pid, child)
-
-    def watch(self, interval_s: float = 0.5, grace_s: float = 2.0) -> None:
-        """Runs in a thread: sample until the launcher exits, then end whatever it left behind."""
-        while self.proc.poll() is None:
-            self.sample()
-            time.sleep(interval_s)
-        time.sleep(grace_s)  # the launcher's own teardown of its ranks comes first
-        self.kill()
-
-    def alive(self) -> list[psutil.Process]:
-        with self._lock:
-            procs = list(self.known.values())
-        alive = []
-        for p in procs:
-            # is_running() compares creation times: a recycled pid is not mistaken for a rank
-            with contextlib.suppress(psutil.Error):
-                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(p)
-        return alive
-
-    def kill(self, term_wait_s: float = 10.0) -> None:
-        """SIGTERM the launcher (it forwards to its ranks) and every known process, then SIGKILL the rest."""
-        self.sample()
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        for p in self.alive():
-            with contextlib.suppress(psutil.Error):
-                p.terminate()
-        _, still = psutil.wait_procs(self.alive(), timeout=term_wait_s)
-        for p in still:
-            with contextlib.suppress(psutil.Error):
-                p.kill()
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        psutil.wait_procs(still, timeout=5)
-
-
-@contextlib.contextmanager
-def _sigterm_raises() -> Iterator[None]:
-    """A SIGTERM to the caller (a cancelled flow run) becomes an exception, so the ranks get ended too;
-    Python's default would exit at once and orphan them. Only the main thread can install handlers."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: object) -> None:
-        raise SystemExit(f"train: received signal {signum}; stopping the training processes")
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def train(p: TrainConfig, logger: logging.Logger | logging.LoggerAdapter | None = None) -> TrainSummary:
     logger = logger or _default_logger()
     _check_inputs(p)
@@ -235,7 +150,7 @@ def train(p: TrainConfig, logger: logging.Logger | logging.LoggerAdapter | None 
     out_dir.mkdir(parents=True, exist_ok=True)
     if not p.resume and p.node_rank == 0:
         _clear_previous_outputs(out_dir)
-    nproc = processes_per_node(p)
+    nproc = node_processes(p)
     port = p.master_port or free_port()
     config_path = out_dir / (CONFIG_NAME if p.node_rank == 0 else f"train_config.node{p.node_rank}.json")
     resolved = p.model_copy(update={"devices": nproc})
@@ -245,7 +160,7 @@ def train(p: TrainConfig, logger: logging.Logger | logging.LoggerAdapter | None 
                 " ".join(cmd))
 
     env = _environment(p, port)
-    with _sigterm_raises():
+    with sigterm_raises():
         return _launch(p, cmd, env, out_dir, logger)
 
 
@@ -261,7 +176,7 @@ def _launch(p: TrainConfig, cmd: list[str], env: dict[str, str], out_dir: Path,
     )
     # Every rank holds the pipe open: once the launcher exits, whatever it left (a rank stuck in a
     # collective, a dataloader worker) is ended, so the pipe closes and reading ends.
-    tree = _ProcessTree(proc)
+    tree = ProcessTree(proc)
     watchdog = threading.Thread(target=tree.watch, daemon=True)
     watchdog.start()
     try:
@@ -288,7 +203,7 @@ def _launch(p: TrainConfig, cmd: list[str], env: dict[str, str], out_dir: Path,
             f"training failed (exit code {rc}, strategy {p.strategy}); full log: {log_path}.\n{first}"
             f"Last lines:\n{text}"
         )
-    summary_path = out_dir / "train_summary.json"
+    summary_path = out_dir / TRAIN_SUMMARY
     if not summary_path.is_file():
         raise StageError(f"training exited cleanly but wrote no {summary_path}; see {log_path}")
     summary = TrainSummary.model_validate_json(summary_path.read_text())

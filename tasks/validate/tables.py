@@ -23,7 +23,7 @@ from fusion_model.schema import (
     REQUIRED_COLUMNS,
     TEXT_COLUMNS,
 )
-from tasks.validation_suite import ROW_ID
+from tasks.validate.suite import ROW_ID
 
 NUMBER_COLUMNS: tuple[str, ...] = (*CATEGORICAL_COLUMNS, *NUMERIC_COLUMNS, LABEL)
 

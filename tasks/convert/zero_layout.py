@@ -63,12 +63,9 @@ class TensorPlan:
     is_parameter: bool
 
     @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-    @property
     def nbytes(self) -> int:
-        return self.numel * _itemsize(self.dtype)
+        """Bytes of the output tensor (its pieces may hold another dtype, cast on writing)."""
+        return math.prod(self.shape) * _itemsize(self.dtype)
 
 
 @dataclass(frozen=True)

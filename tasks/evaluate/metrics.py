@@ -22,6 +22,7 @@ from sklearn.metrics import (
     roc_auc_score,
 )
 
+from fusion_model.schema import LABEL
 from tasks.errors import StageError
 
 LabelKind = Literal["binary", "multiclass"]
@@ -117,7 +118,7 @@ def label_counts(y_true: Sequence[int] | np.ndarray, classes: Sequence[int]) -> 
     return {str(int(c)): int((y == c).sum()) for c in classes}
 
 
-def fingerprint_test_set(table: pd.DataFrame, label: str = "AdoptionSpeed") -> str:
+def fingerprint_test_set(table: pd.DataFrame, label: str = LABEL) -> str:
     """sha256 of the test table (rows in row_id order, columns by name): equal means scores are comparable.
 
     Features are hashed as well as ids and labels, so a re-generated table with the same ids but other

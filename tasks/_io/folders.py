@@ -1,8 +1,9 @@
 """Replace a whole folder so readers see the old one or the new one, never a mix.
 
 The new content is written into a temporary folder beside the destination (same filesystem, so renames
-are atomic); the swap is two renames: destination -> backup, temporary -> destination. A crash between
-the two leaves the old folder intact under its backup name, and `recover_dir` puts it back.
+are atomic); the swap is two renames: destination -> backup, temporary -> destination. A failure of the
+second rename puts the backup back at once; a crash between the two leaves the old folder intact under
+its backup name, and `recover_dir` (called by every stage before it writes) puts it back.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import os
 import shutil
 import uuid
 from pathlib import Path
+
+from tasks._io.files import fsync_dir
 
 
 def temp_dir_beside(dest: Path, purpose: str = "incoming") -> Path:
@@ -25,17 +28,10 @@ def _backups(dest: Path) -> list[Path]:
     return sorted(dest.parent.glob(f".{dest.name}.old-*"), key=lambda p: p.stat().st_mtime)
 
 
-def fsync_tree(folder: Path) -> None:
-    """Flush every file and the folder itself, so a power cut after the swap cannot lose the content."""
-    for path in folder.rglob("*"):
-        if path.is_file():
-            with open(path, "rb") as f:
-                os.fsync(f.fileno())
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def flush_tree() -> None:
+    """Put a folder tree on disk before it becomes visible: one `sync` for the whole tree, because an
+    fsync per file costs milliseconds each (thousands of images; BENCHMARKS.md, download stage)."""
+    os.sync()
 
 
 def recover_dir(dest: Path) -> Path | None:
@@ -54,13 +50,19 @@ def recover_dir(dest: Path) -> Path | None:
     return restored
 
 
-def swap_in(tmp: Path, dest: Path) -> None:
+def swap_dir(tmp: Path, dest: Path) -> None:
     """Make the fully written folder `tmp` become `dest`; the previous `dest` is deleted only afterwards."""
-    fsync_tree(tmp)
+    flush_tree()
     backup = None
     if dest.exists():
         backup = dest.parent / f".{dest.name}.old-{uuid.uuid4().hex[:8]}"
         os.rename(dest, backup)
-    os.rename(tmp, dest)
+    try:
+        os.rename(tmp, dest)
+    except OSError:
+        if backup is not None:
+            os.rename(backup, dest)
+        raise
+    fsync_dir(dest.parent)
     if backup is not None:
         shutil.rmtree(backup)

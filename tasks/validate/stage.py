@@ -1,6 +1,6 @@
 """Validate stage: check the raw PetFinder folder with Great Expectations 1.x, then write typed tables.
 
-Reads `dataset_dir` (train.csv, test.csv, images/), runs the suite of `tasks/validation_suite.py` on
+Reads `dataset_dir` (train.csv, test.csv, images/), runs the suite of `tasks/validate/suite.py` on
 both tables (image files checked by `fusion_model.checks`, in parallel), always writes the report to
 `report_dir`, and only when everything passes replaces `out_dir` (train/val/test parquet + meta.json)
 in one rename. A failure raises `ValidationError` listing every failed expectation with its column,
@@ -9,7 +9,6 @@ count and example rows or files, and leaves the previous `out_dir` untouched.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -20,10 +19,11 @@ import pandas as pd
 from pydantic import BaseModel
 
 from fusion_model.schema import LABEL, LABEL_SETS
-from tasks.atomic import recover_dir, swap_in, temp_dir_beside
+from tasks._io.files import write_json, write_text
+from tasks._io.folders import recover_dir, swap_dir, temp_dir_beside
 from tasks.errors import StageError
 from tasks.params import ValidateParams
-from tasks.validation_report import (
+from tasks.validate.report import (
     Outcome,
     ValidationReport,
     failure_message,
@@ -33,8 +33,8 @@ from tasks.validation_report import (
     report_json,
     table_summary,
 )
-from tasks.validation_suite import ROW_ID, SUITE_NAME, build_suite, suite_parameters
-from tasks.validation_tables import (
+from tasks.validate.suite import ROW_ID, SUITE_NAME, build_suite, suite_parameters
+from tasks.validate.tables import (
     RawTable,
     TableLoadError,
     read_raw,
@@ -96,17 +96,10 @@ def _gx_version() -> str:
     return version("great-expectations")
 
 
-def _write_text_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def write_reports(report: ValidationReport, report_dir: Path) -> None:
-    _write_text_atomic(report_dir / "validation.json", report_json(report))
-    _write_text_atomic(report_dir / "validation.md", render_markdown(report))
-    _write_text_atomic(report_dir / "validation.html", render_html(report))
+    write_text(report_dir / "validation.json", report_json(report))
+    write_text(report_dir / "validation.md", render_markdown(report))
+    write_text(report_dir / "validation.html", render_html(report))
 
 
 def _dataset_root_for_meta(dataset_dir: Path, out_dir: Path) -> str:
@@ -138,8 +131,8 @@ def write_outputs(
             "classes": classes,
             "rows": rows,
         }
-        (staged / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-        swap_in(staged, out_dir)
+        write_json(staged / "meta.json", meta)
+        swap_dir(staged, out_dir)
     finally:
         shutil.rmtree(staged, ignore_errors=True)
     return rows

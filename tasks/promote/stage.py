@@ -23,10 +23,13 @@ import numpy as np
 from filelock import FileLock, Timeout
 from pydantic import BaseModel
 
-from tasks.atomic import recover_dir, swap_in, temp_dir_beside
+from fusion_model.layout import CONVERSION_MANIFEST, MODEL_FILES, WEIGHTS
+from tasks._io.files import read_json
+from tasks._io.folders import recover_dir, swap_dir, temp_dir_beside
+from tasks._io.hashing import sha256_file
 from tasks.errors import StageError
-from tasks.evaluate import MODEL_FILES, check_model_dir, load_predictor, load_test_set, read_json, sha256_file
-from tasks.metrics import fingerprint_test_set, primary_score
+from tasks.evaluate.inputs import check_model_dir, load_predictor, load_test_set
+from tasks.evaluate.metrics import fingerprint_test_set, primary_score
 from tasks.params import PromoteParams
 
 CHAMPION_FILES: tuple[str, ...] = (*MODEL_FILES, "metrics.json")
@@ -70,11 +73,11 @@ def read_challenger(p: PromoteParams) -> dict[str, Any]:
     fix = "Run `python -m tasks evaluate` on this model first."
     metrics = read_json(metrics_path, fix)
     _metric_of(metrics, metrics_path, fix)
-    model_sha = sha256_file(p.model_dir / "model.safetensors")
+    model_sha = sha256_file(p.model_dir / WEIGHTS)
     evaluated_sha = (metrics.get("model") or {}).get("sha256")
     if evaluated_sha != model_sha:
         raise StageError(
-            f"{metrics_path} was computed for model sha256 {evaluated_sha}, but {p.model_dir / 'model.safetensors'} "
+            f"{metrics_path} was computed for model sha256 {evaluated_sha}, but {p.model_dir / WEIGHTS} "
             f"has sha256 {model_sha}: the evaluation is stale. Run `python -m tasks evaluate` again, then promote."
         )
     if not (metrics.get("test_set") or {}).get("fingerprint"):
@@ -99,15 +102,15 @@ def validation_status(report: Path) -> tuple[bool, str]:
 def conversion_status(model_dir: Path) -> tuple[bool, str]:
     """Whether convert verified this exact file (strict load, all finite), from its manifest.json."""
     try:
-        manifest = json.loads((model_dir / "manifest.json").read_text())
+        manifest = json.loads((model_dir / CONVERSION_MANIFEST).read_text())
     except json.JSONDecodeError as e:
-        return False, f"{model_dir / 'manifest.json'} is not valid JSON ({e}); re-run `python -m tasks convert`"
+        return False, f"{model_dir / CONVERSION_MANIFEST} is not valid JSON ({e}); re-run `python -m tasks convert`"
     verification = manifest.get("verification") or {}
     if not (verification.get("strict_load") is True and verification.get("all_finite") is True):
-        return False, f"{model_dir / 'manifest.json'} does not record a passed verification; re-run convert"
-    if (manifest.get("output") or {}).get("sha256") != sha256_file(model_dir / "model.safetensors"):
+        return False, f"{model_dir / CONVERSION_MANIFEST} does not record a passed verification; re-run convert"
+    if (manifest.get("output") or {}).get("sha256") != sha256_file(model_dir / WEIGHTS):
         return False, (
-            f"{model_dir / 'model.safetensors'} is not the file its manifest verified (sha256 differs); "
+            f"{model_dir / WEIGHTS} is not the file its manifest verified (sha256 differs); "
             "re-run `python -m tasks convert`"
         )
     return True, "conversion verified"
@@ -166,7 +169,7 @@ def _decide(p: PromoteParams, challenger: dict[str, Any]) -> PromotionDecision:
         champion_dir=p.champion_dir,
     )
     if champion is not None:
-        decision["previous_champion_sha256"] = sha256_file(p.champion_dir / "model.safetensors")
+        decision["previous_champion_sha256"] = sha256_file(p.champion_dir / WEIGHTS)
         same_test = (champion.get("test_set") or {}).get("fingerprint") == fingerprint
         champion_metric = (champion.get("primary_metric") or {}).get("name")
         if same_test and champion_metric == metric:
@@ -203,12 +206,12 @@ def _install(p: PromoteParams, decision: PromotionDecision) -> None:
             shutil.copy2(p.model_dir / name, tmp / name)
         shutil.copy2(p.eval_dir / "metrics.json", tmp / "metrics.json")
         (tmp / "promotion.json").write_text(decision.model_dump_json(indent=2) + "\n")
-        if sha256_file(tmp / "model.safetensors") != decision.challenger_sha256:
+        if sha256_file(tmp / WEIGHTS) != decision.challenger_sha256:
             raise StageError(
-                f"{p.model_dir / 'model.safetensors'} changed while it was being promoted; the champion is "
+                f"{p.model_dir / WEIGHTS} changed while it was being promoted; the champion is "
                 "unchanged. Re-run evaluate and promote."
             )
-        swap_in(tmp, p.champion_dir)
+        swap_dir(tmp, p.champion_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

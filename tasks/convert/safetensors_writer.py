@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from tasks.zero_checkpoint import Piece, TensorPlan
+from tasks.convert.zero_layout import Piece, TensorPlan
 
 SAFETENSORS_DTYPES: dict[torch.dtype, str] = {
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",

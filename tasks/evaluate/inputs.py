@@ -1,0 +1,65 @@
+"""What evaluation and promotion read: a complete converted model folder and the validated test table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from fusion_model.layout import MODEL_FILES
+from tasks._io.files import read_json
+from tasks.errors import StageError
+
+
+def check_model_dir(model_dir: Path) -> None:
+    """Refuse a model folder that is not a complete conversion output, naming what is missing."""
+    if not model_dir.is_dir():
+        raise StageError(
+            f"{model_dir}: no model folder. Run `python -m tasks convert` to write model.safetensors, "
+            "model_config.json and manifest.json there from the training checkpoint."
+        )
+    missing = [name for name in MODEL_FILES if not (model_dir / name).is_file()]
+    if missing:
+        raise StageError(
+            f"{model_dir}: missing {', '.join(missing)}; the folder is not a complete converted model. "
+            "Run `python -m tasks convert` (it writes model.safetensors, model_config.json and manifest.json "
+            "together) and evaluate again."
+        )
+
+
+def load_test_set(data_dir: Path) -> tuple[pd.DataFrame, dict[str, Any], Path]:
+    """The validated test table, its meta.json and the images root the table's relative paths start from."""
+    fix = "Run `python -m tasks validate` to write data/validated/."
+    meta = read_json(data_dir / "meta.json", fix)
+    for key in ("dataset_root", "label", "label_kind", "classes"):
+        if key not in meta:
+            raise StageError(f"{data_dir / 'meta.json'}: no `{key}` key. {fix}")
+    test_path = data_dir / "test.parquet"
+    if not test_path.is_file():
+        raise StageError(f"{test_path}: missing. {fix}")
+    table = pd.read_parquet(test_path)
+    for column in ("row_id", meta["label"]):
+        if column not in table.columns:
+            raise StageError(f"{test_path}: no `{column}` column. {fix}")
+    if table.empty:
+        raise StageError(f"{test_path}: no rows to evaluate. Check the raw test.csv and re-run validate.")
+    root = Path(meta["dataset_root"])
+    images_root = root if root.is_absolute() else data_dir / root
+    return table, meta, images_root
+
+
+def load_predictor(model_dir: Path) -> Any:
+    """`fusion_model.predict.Predictor` for a checked model folder; unreadable files become a StageError."""
+    from safetensors import SafetensorError
+
+    from fusion_model.predict import Predictor  # torch/timm load only when a model is really needed
+
+    check_model_dir(model_dir)
+    try:
+        return Predictor.load(model_dir)
+    except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as e:
+        raise StageError(
+            f"{model_dir}: cannot load the converted model ({type(e).__name__}: {e}). Re-run "
+            "`python -m tasks convert` to rewrite it (and train first if the checkpoint is gone)."
+        ) from e
