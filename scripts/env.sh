@@ -1,19 +1,33 @@
 # Sourced by scripts/pipeline.sh and scripts/test.sh: create (or reuse) .venv and set the environment.
-# Idempotent: the venv is rebuilt only when pyproject.toml changed since the last install.
+# Idempotent: packages are (re)installed only when requirements.lock or pyproject.toml changed since the
+# last install. The lock (refresh: `bash scripts/lock.sh`) pins every package of .venv with its hashes.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PY="${PYTHON:-python3.11}"
 command -v "$PY" >/dev/null 2>&1 || PY=python3
 VENV="$ROOT/.venv"
-STAMP="$VENV/.installed-$(sha256sum pyproject.toml | cut -c1-16)"
+LOCK="$ROOT/requirements.lock"
+STAMP="$VENV/.installed-$(cat pyproject.toml "$LOCK" | sha256sum | cut -c1-16)"
 if [ ! -f "$STAMP" ]; then
-  echo "[env] installing into $VENV (first time ~5 min on 2 cores; later runs reuse it)" >&2
+  echo "[env] installing requirements.lock into $VENV (first time ~4 min on 2 cores; later runs reuse it)" >&2
   [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-  "$VENV/bin/pip" install -q --upgrade pip
-  # torch first: the CUDA build (runs on CPU too) that the pins name.
-  "$VENV/bin/pip" install -q torch==2.14.1 torchvision==0.29.1
-  "$VENV/bin/pip" install -q -e ".[dev]"
+  # Exactly the locked set (pip included), every file checked against its hashes. pip takes torch and the
+  # nvidia-* wheels from this machine's local sources where they are (see `pip config list`), else PyPI.
+  "$VENV/bin/python" -m pip install -q --require-hashes --no-deps -r "$LOCK"
+  # A venv reused across a lock change: drop what the lock no longer has (the project itself stays).
+  "$VENV/bin/python" - "$LOCK" <<'EOF'
+import importlib.metadata as md, re, subprocess, sys
+norm = lambda n: re.sub(r"[-_.]+", "-", n).lower()
+locked = {norm(m[1]) for m in re.finditer(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==", open(sys.argv[1]).read(), re.M)}
+have = {norm(d.metadata["Name"]) for d in md.distributions() if d.metadata["Name"]}
+extra = sorted(have - locked - {"petfinder-retrain"})
+if extra:
+    print("[env] removing packages the lock does not have:", " ".join(extra), file=sys.stderr)
+    subprocess.run([sys.executable, "-m", "pip", "uninstall", "-q", "-y", *extra], check=True)
+EOF
+  # The project itself: editable, not hash-checked, built with the locked setuptools (no isolated build).
+  "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e .
   rm -f "$VENV"/.installed-*
   touch "$STAMP"
 fi
