@@ -43,7 +43,7 @@ def plain_loop(cfg: TrainConfig, steps: int, warmup: int) -> float:
     data = ValidatedData.read(cfg.data_dir)
     pre = Preprocessor.fit(data.train, text_buckets=cfg.text_buckets, image_size=cfg.image_size,
                            image_index=cfg.image_index)
-    model = FusionModule(model_kwargs(cfg, pre, len(data.classes)), label_kind=data.label_kind, lr=cfg.lr,
+    model = FusionModule(model_kwargs(cfg, pre, len(data.classes), list(cfg.modalities)), label_kind=data.label_kind, lr=cfg.lr,
                          weight_decay=cfg.weight_decay).model.train()
     loader = DataLoader(FusionDataset(data.train, pre, data.dataset_root, train=True),
                         batch_size=cfg.batch_size, shuffle=True, drop_last=True)

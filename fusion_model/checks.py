@@ -25,7 +25,6 @@ from fusion_model.schema import (
     FEATURE_COLUMNS,
     IMAGES,
     NUMERIC_BOUNDS,
-    NUMERIC_COLUMNS,
     TEXT_COLUMNS,
     breeds,
     split_images,
@@ -40,8 +39,9 @@ IMAGE_ISSUE = "image_issue"  # the first bad file of the row and why ("" when no
 IMAGE_CHECK_COLUMNS: tuple[str, ...] = (PATHS_SAFE, IMAGES_EXIST, IMAGES_DECODE)
 BREED_MATCHES_TYPE = "breed1_matches_type"
 
-# Feature columns that must hold a value (text may be empty: real rows have empty names).
-NON_NULL_FEATURES: tuple[str, ...] = tuple(c for c in FEATURE_COLUMNS if c not in TEXT_COLUMNS)
+# Feature columns that must hold a value (text may be empty: real rows have empty names; Images may be
+# empty: real rows without a photo, whose image input the model masks).
+NON_NULL_FEATURES: tuple[str, ...] = tuple(c for c in FEATURE_COLUMNS if c not in (*TEXT_COLUMNS, IMAGES))
 
 
 def allowed_codes(column: str) -> list[int]:
@@ -237,20 +237,17 @@ def tabular_problems(df: pd.DataFrame) -> pd.DataFrame:
     for col in (c for c in NON_NULL_FEATURES if c in df.columns):
         raw = df[col]
         why = pd.Series("", index=df.index, dtype="str")
-        if col in CATEGORICAL_COLUMNS or col in NUMERIC_COLUMNS:
-            num = to_numbers(raw)
-            empty = raw.isna() | (raw.astype("str").str.strip() == "")
-            why[empty] = "empty"
-            why[num.isna() & ~empty] = "not a number"
-            if col in CATEGORICAL_COLUMNS:
-                bad = num.notna() & ~num.isin(allowed_codes(col))
-                why[bad] = f"not a valid code ({code_meaning(col)})"
-            else:
-                low, high = NUMERIC_BOUNDS[col]
-                bad = num.notna() & ((num < low) | (num > high))
-                why[bad] = f"outside the plausible range {low:g}-{high:g}"
-        else:  # Images: present and non-empty (the image checks judge the paths)
-            why[raw.isna() | (raw.astype("str").str.strip() == "")] = "empty"
+        num = to_numbers(raw)  # every non-null feature is a code or an amount
+        empty = raw.isna() | (raw.astype("str").str.strip() == "")
+        why[empty] = "empty"
+        why[num.isna() & ~empty] = "not a number"
+        if col in CATEGORICAL_COLUMNS:
+            bad = num.notna() & ~num.isin(allowed_codes(col))
+            why[bad] = f"not a valid code ({code_meaning(col)})"
+        else:
+            low, high = NUMERIC_BOUNDS[col]
+            bad = num.notna() & ((num < low) | (num > high))
+            why[bad] = f"outside the plausible range {low:g}-{high:g}"
         reasons[col] = why
     return reasons
 

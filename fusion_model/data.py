@@ -30,11 +30,13 @@ class FusionDataset(Dataset):
         with_labels: bool = True,
     ) -> None:
         if IMAGES not in df.columns:
-            raise DataError(f"rows lack the {IMAGES} column; each row needs ';'-separated image paths")
+            raise DataError(f"rows lack the {IMAGES} column: ';'-separated image paths, empty for no photo")
         self.pre = pre
         self.train = train
         self.rows = list(df.index)
-        self.paths = [pre.image_path(cell, Path(images_root), row) for row, cell in zip(self.rows, df[IMAGES], strict=True)]
+        self.paths = [pre.image_path(cell, Path(images_root)) for cell in df[IMAGES]]
+        # 1 where the row has a photo; 0 masks the image input of a row without one
+        self.image_mask = torch.tensor([p is not None for p in self.paths], dtype=torch.float32)
         self.categorical = pre.categorical(df)
         self.numeric = pre.numeric(df)
         self.text = pre.text(df)
@@ -46,8 +48,14 @@ class FusionDataset(Dataset):
 
     def image(self, i: int) -> torch.Tensor:
         if i not in self._images:
-            self._images[i] = self.pre.load_image(self.paths[i], self.rows[i])
+            path = self.paths[i]
+            self._images[i] = (self.pre.load_image(path, self.rows[i]) if path is not None
+                               else self.pre.blank_image())
         return self._images[i]
+
+    @property
+    def rows_with_images(self) -> int:
+        return int(self.image_mask.sum())
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         image = self.pre.normalise(self.image(i))
@@ -55,6 +63,7 @@ class FusionDataset(Dataset):
             image = image.flip(-1)  # horizontal flip only: colour and lighting carry signal
         item = {
             "image": image,
+            "image_mask": self.image_mask[i],
             "categorical": self.categorical[i],
             "numeric": self.numeric[i],
             "text": self.text[i],

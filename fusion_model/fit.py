@@ -28,7 +28,7 @@ from fusion_model.data import FusionDataModule, ValidatedData
 from fusion_model.layout import BEST_CHECKPOINT, LAST_CHECKPOINT, MODEL_CONFIG, TRAIN_SUMMARY
 from fusion_model.module import FusionModule, metric_name
 from fusion_model.preprocess import Preprocessor
-from fusion_model.schema import LABEL
+from fusion_model.schema import IMAGES, LABEL, split_images
 from fusion_model.strategies import build_strategy
 from tasks._io.files import write_json
 
@@ -43,7 +43,13 @@ def uses_cuda(cfg: TrainConfig) -> bool:
     return cfg.accelerator == "auto" and torch.cuda.is_available()
 
 
-def model_kwargs(cfg: TrainConfig, pre: Preprocessor, num_classes: int) -> dict[str, Any]:
+def used_modalities(cfg: TrainConfig, train: Any) -> list[str]:
+    """`cfg.modalities`, without the image when no training row has a photo (nothing to learn it from)."""
+    has_photos = bool(train[IMAGES].map(lambda cell: bool(split_images(cell))).any())
+    return [m for m in cfg.modalities if m != "image" or has_photos]
+
+
+def model_kwargs(cfg: TrainConfig, pre: Preprocessor, num_classes: int, modalities: list[str]) -> dict[str, Any]:
     """FusionModel keyword arguments, JSON-serialisable (saved in model_config.json)."""
     return {
         "image_model": cfg.image_model,
@@ -61,7 +67,7 @@ def model_kwargs(cfg: TrainConfig, pre: Preprocessor, num_classes: int) -> dict[
         "activation": cfg.activation,
         "dropout": cfg.dropout,
         "layer_norm": cfg.layer_norm,
-        "modalities": list(cfg.modalities),
+        "modalities": modalities,
     }
 
 
@@ -155,7 +161,10 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     # Fitted from the train split on every rank: deterministic, so all ranks agree without a broadcast.
     pre = Preprocessor.fit(data.train, text_buckets=cfg.text_buckets, image_size=cfg.image_size,
                            image_index=cfg.image_index)
-    kwargs = model_kwargs(cfg, pre, len(data.classes))
+    modalities = used_modalities(cfg, data.train)
+    if set(modalities) != set(cfg.modalities) and int(os.environ.get("RANK", "0")) == 0:
+        print(f"[train] no training row has a photo: the model uses {modalities} only", flush=True)
+    kwargs = model_kwargs(cfg, pre, len(data.classes), modalities)
     metric = metric_name(data.label_kind)
     module = FusionModule(kwargs, label_kind=data.label_kind, lr=cfg.lr, weight_decay=cfg.weight_decay)
     datamodule = FusionDataModule(data, pre, batch_size=cfg.batch_size, num_workers=cfg.num_workers)

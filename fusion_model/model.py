@@ -127,19 +127,20 @@ class FusionModel(nn.Module):
         unknown = set(modalities) - set(MODALITIES)
         if unknown or not modalities:
             raise ValueError(f"modalities {list(modalities)} must be a non-empty subset of {list(MODALITIES)}")
-        # A single-modality baseline keeps the same architecture with the other modalities always masked,
-        # so baselines and the fusion model differ in their inputs only.
+        # Only the modalities the model uses get an encoder: a dataset without photos trains on tabular +
+        # text without running a backbone on blank images, and a single-modality baseline is that encoder
+        # alone with the same adapter, MLP and head.
         self.modalities = tuple(m for m in MODALITIES if m in modalities)
-        self.image = ImageEncoder(image_model, pretrained, image_size)
-        self.tabular = TabularEncoder(cat_cardinalities, n_numeric, cat_dim)
-        self.text = TextEncoder(text_buckets, text_dim)
-        self.adapters = nn.ModuleDict({
-            "image": nn.Linear(self.image.out_dim, adapter_dim),
-            "tabular": nn.Linear(self.tabular.out_dim, adapter_dim),
-            "text": nn.Linear(self.text.out_dim, adapter_dim),
-        })
+        encoders: dict[str, nn.Module] = {}
+        if "image" in self.modalities:
+            encoders["image"] = self.image = ImageEncoder(image_model, pretrained, image_size)
+        if "tabular" in self.modalities:
+            encoders["tabular"] = self.tabular = TabularEncoder(cat_cardinalities, n_numeric, cat_dim)
+        if "text" in self.modalities:
+            encoders["text"] = self.text = TextEncoder(text_buckets, text_dim)
+        self.adapters = nn.ModuleDict({name: nn.Linear(enc.out_dim, adapter_dim) for name, enc in encoders.items()})
         layers: list[nn.Module] = []
-        width = adapter_dim * len(MODALITIES)
+        width = adapter_dim * len(self.modalities)
         for hidden in hidden_sizes:
             layers.append(nn.Linear(width, hidden))
             if layer_norm:
@@ -150,25 +151,27 @@ class FusionModel(nn.Module):
         self.head = nn.Linear(width, num_classes)
 
     def encode(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {
-            "image": self.image(batch["image"]),
-            "tabular": self.tabular(batch["categorical"], batch["numeric"]),
-            "text": self.text(batch["text"]),
-        }
+        """Each used modality's features (the encoders' outputs, before the adapters)."""
+        inputs = {"image": lambda: self.image(batch["image"]),
+                  "tabular": lambda: self.tabular(batch["categorical"], batch["numeric"]),
+                  "text": lambda: self.text(batch["text"])}
+        return {name: inputs[name]() for name in self.modalities}
 
     def forward(self, batch: dict[str, torch.Tensor], mask: Iterable[str] = ()) -> torch.Tensor:
-        """Logits [batch, num_classes]; modalities named in ``mask`` contribute zeros."""
+        """Logits [batch, num_classes]; modalities named in ``mask`` contribute zeros, and so does the image
+        of a row whose ``image_mask`` is 0 (a row without photos)."""
         mask = set(mask)
         unknown = mask - set(MODALITIES)
         if unknown:
             raise ValueError(f"cannot mask {sorted(unknown)}: modalities are {list(MODALITIES)}")
-        mask |= set(MODALITIES) - set(self.modalities)
         features = self.encode(batch)
         fused = []
-        for name in MODALITIES:
+        for name in self.modalities:
             adapter = self.adapters[name]
             # the seed's fix: an encoder may return fp32 while the adapter holds fp16/bf16 weights
             out = adapter(features[name].to(adapter.weight.dtype))
+            if name == "image" and "image_mask" in batch:
+                out = out * batch["image_mask"].to(out.dtype).unsqueeze(1)
             # times zero rather than zeros_like: the masked branch stays in the graph with zero gradients,
             # so ddp/ZeRO never meet a parameter without a gradient
             fused.append(out * 0 if name in mask else out)

@@ -5,7 +5,8 @@ with the train mean/std; categorical codes are mapped through
 a train vocabulary (index 0 = unseen value). Text: Name + Description are lower-cased, split into word
 tokens and hashed into a fixed number of buckets (index 0 = padding), so no vocabulary or download is
 needed. Images: one image per row (``image_index``, falling back to the last one a row has), resized to a
-square and normalised with fixed channel statistics.
+square and normalised with fixed channel statistics; a row without photos gets a blank image and a mask
+of 0, so the model ignores its image input.
 """
 
 from __future__ import annotations
@@ -133,13 +134,11 @@ class Preprocessor:
             out[i, : len(ids)] = ids
         return torch.from_numpy(out)
 
-    def image_path(self, cell: object, images_root: Path, row: object) -> Path:
+    def image_path(self, cell: object, images_root: Path) -> Path | None:
+        """The row's photo to use (`image_index`, else its last one); None for a row without photos."""
         paths = split_images(cell)
         if not paths:
-            raise PreprocessError(
-                f"row {row}: column Images is empty; every row needs at least one image path relative to "
-                f"{images_root}"
-            )
+            return None
         return images_root / paths[min(self.image_index, len(paths) - 1)]
 
     def load_image(self, path: Path, row: object) -> torch.Tensor:
@@ -155,6 +154,11 @@ class Preprocessor:
         except OSError as e:
             raise PreprocessError(f"row {row}: image {path} cannot be decoded ({e}); replace or drop the row") from None
         return torch.from_numpy(arr.copy()).permute(2, 0, 1).contiguous()
+
+    def blank_image(self) -> torch.Tensor:
+        """uint8 [3, size, size] at the normalisation mean: zeros once normalised (a row without photos)."""
+        mean = torch.tensor(self.image_mean).view(3, 1, 1) * 255.0
+        return mean.round().to(torch.uint8).expand(3, self.image_size, self.image_size).contiguous()
 
     def normalise(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 [..., 3, H, W] -> float32 normalised."""

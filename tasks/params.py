@@ -29,8 +29,37 @@ class SyntheticParams(_Section):
     seed: int = Field(42, description="same seed -> byte-identical files")
 
 
+class LocalParams(_Section):
+    """`source: local`: real PetFinder files already on disk, rewritten into the tutorial layout.
+
+    `path` is a folder (tutorial layout: train.csv with an `Images` column, test.csv, images/; or Kaggle
+    layout: train.csv without `Images`, photos at train_images/<PetID>-<n>.jpg) or one CSV file."""
+
+    path: Path | None = Field(None, description="folder (tutorial or Kaggle layout) or one CSV file; required")
+    images_dir: Path | None = Field(
+        None, description="photos folder; null: images/ (tutorial) or train_images/ (Kaggle) beside the CSV, if present"
+    )
+    layout: Literal["auto", "tutorial", "kaggle"] = Field(
+        "auto", description="auto: tutorial when train.csv has an Images column, else kaggle"
+    )
+    test_fraction: float = Field(0.2, gt=0, lt=1, description="share of labelled rows split off when there is no labelled test.csv")
+    seed: int = Field(42, description="seed of the stratified train/test split")
+    label_kind: LabelKind = Field("binary", description="binary 0/1 or multiclass 0-4 (set validate.label_kind to match)")
+    source_labels: Literal["auto", "binary", "speed"] = Field(
+        "auto", description="the file's labels: binary 0/1 (kept), speed 0-4 AdoptionSpeed codes; auto: binary iff only 0/1"
+    )
+    fast_max_speed: int = Field(2, ge=0, le=3, description="binary from speed codes: <= this -> 1 (fast), above -> 0")
+    drop_bad_pet_ids: bool = Field(False, description="drop rows whose PetID is not 9 lower-case hex digits (else refuse)")
+    encoding: str = Field("utf-8", description="encoding of the CSVs")
+    fallback_encoding: str | None = Field(
+        "cp1252", description="decodes only the cells that are not valid `encoding`; null refuses them"
+    )
+
+
 class DownloadParams(_Section):
-    source: Literal["synthetic", "url"] = Field("synthetic", description="synthetic (embedded, offline) or url")
+    source: Literal["synthetic", "url", "local"] = Field(
+        "synthetic", description="synthetic (embedded, offline), url (the tutorial zip) or local (files on disk)"
+    )
     url: str = Field(
         "https://automl-mm-bench.s3.amazonaws.com/petfinder_for_tutorial.zip",
         pattern=r"^https?://",
@@ -44,6 +73,7 @@ class DownloadParams(_Section):
     max_attempts: int = Field(5, ge=1, description="tries on transient failures (5xx, timeout, reset)")
     backoff_s: float = Field(1.0, ge=0, description="first retry wait; doubles each retry, capped at 60 s")
     synthetic: SyntheticParams = SyntheticParams()
+    local: LocalParams = LocalParams()
 
 
 class ValidateParams(_Section):

@@ -152,9 +152,33 @@ def test_missing_and_broken_images_name_the_row(validated: Path, pre: Preprocess
     rows.loc[rows.index[1], "Images"] = "images/broken.jpg"
     with pytest.raises(PreprocessError, match=f"row {rows.index[1]}: image .*broken.jpg cannot be decoded"):
         FusionDataset(rows, pre, tmp_path)[1]
-    rows.loc[rows.index[1], "Images"] = ""
-    with pytest.raises(PreprocessError, match="column Images is empty"):
-        FusionDataset(rows, pre, tmp_path)
+
+
+def test_a_row_without_photos_gets_a_blank_masked_image(validated: Path, pre: Preprocessor) -> None:
+    data = ValidatedData.read(validated)
+    rows = data.train.iloc[:4].copy()
+    rows.loc[rows.index[[1, 3]], "Images"] = ""
+    ds = FusionDataset(rows, pre, data.dataset_root)
+    assert ds.image_mask.tolist() == [1.0, 0.0, 1.0, 0.0] and ds.rows_with_images == 2
+    assert ds[1]["image_mask"] == 0 and ds[1]["image"].abs().max() < 0.02  # the mean colour: ~0 normalised
+    torch.manual_seed(0)
+    model = FusionModel(**_kwargs(pre)).eval()
+    batch = {k: torch.stack([ds[i][k] for i in range(4)]) for k in ds[0] if k != "label"}
+    with torch.no_grad():
+        full = model(batch)
+        # a masked row's photo has no say: any image gives the same logits; a row with a photo does change
+        batch["image"][1] = batch["image"][0]
+        batch["image"][0] = -batch["image"][0]
+        changed = model(batch)
+    assert torch.equal(full[1], changed[1]) and not torch.equal(full[0], changed[0])
+
+
+def test_a_model_without_the_image_modality_has_no_backbone(pre: Preprocessor, validated: Path) -> None:
+    model = FusionModel(**_kwargs(pre), modalities=["tabular", "text"])
+    assert not any(k.startswith("image.") for k in model.state_dict())
+    batch = _batch(validated, pre, n=4)
+    del batch["image"], batch["image_mask"]  # nothing of the image is needed
+    assert model(batch, mask=("image",)).shape == (4, 2)
 
 
 def test_validated_folder_errors_say_what_to_run(tmp_path: Path, validated: Path) -> None:

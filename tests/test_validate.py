@@ -127,6 +127,21 @@ def test_extra_columns_and_absent_optional_columns_are_tolerated(dataset: Path, 
     pd.testing.assert_frame_equal(out, ref)
 
 
+def test_rows_without_photos_pass_and_a_named_photo_is_still_checked(dataset: Path, tmp_path: Path) -> None:
+    """Real rows with PhotoAmt 0 list no photo: they are valid (the model masks their image); a photo a row
+    does name must still exist."""
+    edit_csv(dataset / "train.csv", lambda df: df.assign(Images=["" if i % 3 == 0 else v
+                                                                 for i, v in enumerate(df["Images"])]))
+    edit_csv(dataset / "test.csv", lambda df: df.assign(Images=""))
+    validate(params_for(dataset, tmp_path))
+    train = pd.read_parquet(tmp_path / "data" / "validated" / "train.parquet")
+    test = pd.read_parquet(tmp_path / "data" / "validated" / "test.parquet")
+    assert (test["Images"] == "").all() and 0 < (train["Images"] == "").mean() < 1
+    (dataset / first_image(dataset, 1)).unlink()
+    with pytest.raises(ValidationError, match="expected image files exist"):
+        validate(params_for(dataset, tmp_path))
+
+
 # -------------------------------------------------------------------------------------- bad datasets
 def _missing_column(dataset: Path) -> list[str]:
     edit_csv(dataset / "train.csv", lambda df: df.drop(columns=["Fee"]))
@@ -292,7 +307,7 @@ def test_label_kind_multiclass_rejects_nothing_valid_but_requires_every_class(da
 
 # -------------------------------------------------------------------------------- suite and reports
 def test_suite_json_is_regenerated_from_code() -> None:
-    assert SUITE_PATH.read_text() == suite_json(), "run `python -m tasks.validate.suite` and review the diff"
+    assert SUITE_PATH.read_text() == suite_json(), "run `python -m tasks.validate.write_suite` and review the diff"
     suite = json.loads(SUITE_PATH.read_text())
     kinds = {e["type"] for e in suite["expectations"]}
     assert {"expect_column_to_exist", "expect_column_values_to_be_in_set", "expect_column_values_to_be_between",

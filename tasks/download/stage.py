@@ -22,6 +22,7 @@ from fusion_model import schema
 from tasks._io.files import write_json
 from tasks._io.folders import recover_dir, swap_dir, temp_dir_beside
 from tasks._io.hashing import file_hashes, fingerprint
+from tasks.download.local import from_local
 from tasks.download.synthetic import generate
 from tasks.download.url import from_url
 from tasks.errors import StageError
@@ -56,6 +57,8 @@ def download(p: DownloadParams) -> DownloadSummary:
         if p.source == "synthetic":
             generate(new, p.synthetic)
             origin: dict[str, Any] = {"source": "synthetic", "synthetic": p.synthetic.model_dump(mode="json")}
+        elif p.source == "local":
+            origin = from_local(p.local, new)
         else:
             origin = from_url(p, staging, new)
         dataset = new / schema.DATASET_DIRNAME

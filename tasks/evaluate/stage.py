@@ -20,7 +20,6 @@ from filelock import FileLock
 from pydantic import BaseModel
 
 from fusion_model.layout import WEIGHTS
-from fusion_model.schema import MODALITIES
 from tasks._io.files import write_json
 from tasks._io.folders import recover_dir, swap_dir, temp_dir_beside
 from tasks._io.hashing import sha256_file
@@ -163,7 +162,7 @@ def evaluate(p: EvaluateParams) -> EvaluationSummary:
     proba = predictor.predict_proba(features, images_root, batch_size=p.batch_size)
     masked = {
         m: predictor.predict_proba(features, images_root, drop_modalities=(m,), batch_size=p.batch_size)
-        for m in MODALITIES
+        for m in predictor.model.modalities  # a model without photos to learn from has no image input
     }
     provenance = {
         "test_set": {"path": str(p.data_dir / "test.parquet"), "fingerprint": fingerprint_test_set(table, label)},

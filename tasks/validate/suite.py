@@ -1,12 +1,13 @@
 """The PetFinder expectation suite (GX 1.x), defined in code and saved as reviewable JSON.
 
-Run ``python -m tasks.validate.suite`` after changing this file or `fusion_model/schema.py` to
+Run ``python -m tasks.validate.write_suite`` after changing this file or `fusion_model/schema.py` to
 regenerate ``tasks/validate/suites/petfinder.json``; a test fails while the two disagree. The suite is static:
 the label set and the classes every table must contain are suite parameters (``$PARAMETER``) filled in
 at run time from params.yaml, so one reviewed file serves binary and 0-4 labels.
 
 Each expectation's ``meta`` carries what it checks and how to fix a failure, in words; the report and
-the error message quote them. Image rules run on columns derived by `fusion_model.checks` (GX cannot
+the error message quote them. A row may list no photo at all (real rows with PhotoAmt 0): the model masks
+its image input; every photo a row does name must be safe, present and decodable. Image rules run on columns derived by `fusion_model.checks` (GX cannot
 look at files): ``image_paths_safe``, ``images_exist``, ``images_decode``, each expected to be true;
 so does the Breed1/Type rule (``breed1_matches_type``), because a value-pair set of the whole breed
 table made every GX run about twice as slow.
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -95,8 +95,6 @@ def expectation_specs() -> list[tuple[str, dict[str, Any], dict[str, str]]]:
         add("ExpectColumnValueLengthsToBeBetween", f"text of at most {limit} characters (may be empty)",
             f"shorten '{col}' or check the CSV quoting (a stray quote swallows following rows)",
             column=col, min_value=0, max_value=limit)
-    add("ExpectColumnValuesToNotBeNull", "at least one image path per row",
-        f"list the row's images in '{IMAGES}' as ';'-separated paths like images/<PetID>-1.jpg", column=IMAGES)
     add("ExpectColumnValuesToBeInSet", "image paths relative and inside the dataset folder",
         "use relative paths under the dataset folder (no leading '/', no '..', no symlink leaving it)",
         column=checks.PATHS_SAFE, value_set=[True])
@@ -165,23 +163,3 @@ def _compact_json(obj: Any, indent: int = 0) -> str:
 
 def suite_json() -> str:
     return _compact_json(suite_dict()) + "\n"
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Write the suite JSON (or, with --check, exit 1 when the file is stale)."""
-    argv = sys.argv[1:] if argv is None else argv
-    text = suite_json()
-    if "--check" in argv:
-        current = SUITE_PATH.read_text() if SUITE_PATH.exists() else ""
-        if current != text:
-            print(f"{SUITE_PATH} is stale: run python -m tasks.validate.suite", file=sys.stderr)
-            return 1
-        return 0
-    SUITE_PATH.parent.mkdir(parents=True, exist_ok=True)
-    SUITE_PATH.write_text(text)
-    print(f"wrote {SUITE_PATH} ({len(expectation_specs())} expectations)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
