@@ -72,7 +72,7 @@ def from_local(p: LocalParams, new: Path) -> dict[str, Any]:
         inputs[_name(src, src.test)] = sha256_file(src.test)
         test = read_table(_name(src, src.test), src.test, p, decisions)
         if schema.LABEL not in test.cells.columns or not test.cells[schema.LABEL].str.strip().ne("").any():
-            decisions.add(test.name, "unlabelled_test", f"not used: no {schema.LABEL} labels (Kaggle's test set); "
+            decisions.add(test.name, "unlabelled_test", f"not used: no {schema.LABEL} labels (as Kaggle's test.csv); "
                           f"the test set is split from {train.name}")
             test = None
 
@@ -95,9 +95,10 @@ def from_local(p: LocalParams, new: Path) -> dict[str, Any]:
     dataset = new / schema.DATASET_DIRNAME
     (dataset / "images").mkdir(parents=True)
     images = _kaggle_images if src.layout == "kaggle" else _tutorial_images
-    placed = defaultdict(int)
-    images(train, src.images_dir, src, dataset, placed, decisions)
-    images(test, src.test_images_dir if test.path == src.test else src.images_dir, src, dataset, placed, decisions)
+    placed: dict[str, int] = defaultdict(int)
+    for split_name, t in (("train", train), ("test", test)):
+        folder = src.test_images_dir if t.path == src.test else src.images_dir
+        images(t, split_name, folder, src, dataset, placed, decisions)
 
     for split_name, t in (("train", train), ("test", test)):
         columns = [c for c in schema.ALL_COLUMNS if c in t.cells.columns]
@@ -216,8 +217,8 @@ def _place(src: Path, dest: Path, placed: dict[str, int]) -> None:
         placed["copied"] += 1
 
 
-def _kaggle_images(table: Table, folder: Path | None, src: Source, dataset: Path, placed: dict[str, int],
-                   decisions: Decisions) -> None:
+def _kaggle_images(table: Table, split: str, folder: Path | None, src: Source, dataset: Path,
+                   placed: dict[str, int], decisions: Decisions) -> None:
     """Derive `Images` from `<folder>/<PetID>-<n>.jpg` and place those photos; no photo -> ""."""
     found: dict[str, list[tuple[int, str]]] = defaultdict(list)
     if folder is not None:
@@ -226,7 +227,8 @@ def _kaggle_images(table: Table, folder: Path | None, src: Source, dataset: Path
             if m and entry.is_file():
                 found[m[1]].append((int(m[2]), entry.name))
     if schema.IMAGES in table.cells.columns:
-        decisions.add(table.name, "images_column", f"ignored: layout kaggle derives {schema.IMAGES} from the photos")
+        decisions.add(table.name, "images_column", f"ignored: layout kaggle derives {schema.IMAGES} from the photos",
+                      split=split)
     cells = []
     for pet in table.cells["PetID"]:
         names = [name for _, name in sorted(found.get(pet, []))]
@@ -234,21 +236,24 @@ def _kaggle_images(table: Table, folder: Path | None, src: Source, dataset: Path
             _place(folder / name, dataset / "images" / name, placed)  # type: ignore[operator]
         cells.append(schema.IMAGE_SEPARATOR.join(f"images/{name}" for name in names))
     table.cells[schema.IMAGES] = cells
+    if folder is None:
+        decisions.add(table.name, "no_photos", f"no photos folder (no train_images/ beside the CSV, "
+                      f"download.local.images_dir null): {schema.IMAGES} left empty on all {len(cells)} row(s)",
+                      split=split, rows=len(cells))
+        return
     empty = sum(1 for c in cells if not c)
     if empty:
-        where = f"in {_name(src, folder) if folder.is_relative_to(src.root) else folder}" if folder else "(no photos folder)"
-        decisions.add(table.name, "no_photos", f"{empty} row(s) have no photo {where}: {schema.IMAGES} left empty",
-                      rows=empty)
-    amount = np.array([float(a) if re.fullmatch(r"\s*\d+(\.0*)?\s*", a) else -1 for a in table.cells["PhotoAmt"]])
-    counts = np.array([len(schema.split_images(c)) for c in cells])
-    differ = int(((amount >= 0) & (amount != counts)).sum())
+        decisions.add(table.name, "no_photos", f"{empty} row(s) have no <PetID>-<n>.jpg in {folder}: "
+                      f"{schema.IMAGES} left empty", split=split, rows=empty)
+    amount = [a.strip() for a in table.cells["PhotoAmt"]]
+    differ = sum(1 for a, c in zip(amount, cells, strict=True) if a.isdigit() and int(a) != len(schema.split_images(c)))
     if differ:
         decisions.add(table.name, "photo_amount", f"{differ} row(s) have another number of photos than PhotoAmt "
-                      "says: PhotoAmt kept as in the file", rows=differ)
+                      "says: PhotoAmt kept as in the file", split=split, rows=differ)
 
 
-def _tutorial_images(table: Table, folder: Path | None, src: Source, dataset: Path, placed: dict[str, int],
-                     decisions: Decisions) -> None:
+def _tutorial_images(table: Table, split: str, folder: Path | None, src: Source, dataset: Path,
+                     placed: dict[str, int], decisions: Decisions) -> None:
     """Place the photos the `Images` cells name (`images/...` read from `folder`); unsafe or missing paths
     are left in the CSV for validation to refuse with their rows."""
     missing, unsafe = 0, 0
@@ -264,7 +269,9 @@ def _tutorial_images(table: Table, folder: Path | None, src: Source, dataset: Pa
             _place(source, dataset / rel, placed)
     if missing or unsafe:
         decisions.add(table.name, "image_paths", f"{missing} named photo(s) not found and {unsafe} path(s) outside "
-                      "images/ not copied: left in the CSV, validation names their rows", missing=missing, unsafe=unsafe)
+                      "images/ not copied: left in the CSV, validation names their rows", split=split,
+                      missing=missing, unsafe=unsafe)
     empty = int(table.cells[schema.IMAGES].str.strip().eq("").sum())
     if empty:
-        decisions.add(table.name, "no_photos", f"{empty} row(s) have an empty {schema.IMAGES}: kept empty", rows=empty)
+        decisions.add(table.name, "no_photos", f"{empty} row(s) have an empty {schema.IMAGES}: kept empty",
+                      split=split, rows=empty)

@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 PET_ID = re.compile(r"[0-9a-f]{9}")
 SHOWN = 10  # rows named in a message; the count gives the rest
 _BOM = b"\xef\xbb\xbf"
+_MISSING_TEXT = frozenset({"NaN", "nan"})  # how pandas / numpy print a missing value into a CSV
 # Bytes the primary encoding cannot decode become one private-use character each (U+10FF80..U+10FFFF),
 # so the CSV parser sees text and each damaged cell can be found and decoded again with the fallback.
 _MARK_BASE = 0x10FF00
@@ -92,6 +93,14 @@ def read_table(name: str, path: Path, p: LocalParams, decisions: Decisions) -> T
         cells = cells.drop(columns=extra)
         decisions.add(name, "extra_columns", f"dropped {extra}: not PetFinder columns (fusion_model/schema.py)",
                       columns=extra)
+    for col in (c for c in schema.TEXT_COLUMNS if c in cells.columns):
+        missing = cells[col].isin(_MISSING_TEXT)
+        cells.loc[missing, col] = ""
+        empty = int(cells[col].str.strip().eq("").sum())
+        if empty:
+            decisions.add(name, "empty_text", f"{empty} empty {col} cell(s) kept as \"\""
+                          + (f" ({int(missing.sum())} of them written as NaN or nan)" if missing.any() else ""),
+                          column=col, rows=empty)
     return Table(name, path, cells.reset_index(drop=True), row_ids.reset_index(drop=True))
 
 
