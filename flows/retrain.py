@@ -123,10 +123,12 @@ def evaluate_task(params: EvaluateParams) -> Any:
     create_markdown_artifact(
         key="retrain-metrics", markdown=render_markdown(metrics, ablation), description="Test-set metrics"
     )
+    baseline = (metrics.get("baseline") or {}).get("metrics", {})
     create_table_artifact(
         key="retrain-metrics-table",
-        table=[{"metric": k, "value": v} for k, v in metrics.get("metrics", {}).items()],
-        description="Test-set metrics",
+        table=[{"metric": k, "fusion_model": v, "classical_baseline": baseline.get(k)}
+               for k, v in metrics.get("metrics", {}).items()],
+        description="Test-set metrics: the fusion model and the classical baseline on the same rows",
     )
     return result
 

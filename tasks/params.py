@@ -103,6 +103,8 @@ class EvaluateParams(_Section):
     data_dir: Path = Path("data/validated")
     out_dir: Path = Path("data/eval")
     batch_size: int = Field(256, ge=1)
+    baseline: bool = Field(True, description="fit the classical baseline on the same training rows and report it beside the model")
+    seed: int = Field(42, description="the baseline's folds and trees")
 
 
 class PromoteParams(_Section):
@@ -113,6 +115,8 @@ class PromoteParams(_Section):
     eval_dir: Path = Path("data/eval")
     champion_dir: Path = Path("models/champion")
     min_delta: float = Field(0.0, ge=0)
+    require_beat_baseline: bool = Field(
+        True, description="refuse a challenger whose primary metric is below the classical baseline's (metrics.json)")
     # The current test set: the champion is re-scored on it when its metrics came from another one.
     data_dir: Path = Path("data/validated")
     validation_report: Path = Path("reports/validation.json")

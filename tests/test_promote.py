@@ -44,8 +44,17 @@ def _write_test_set(data_dir: Path, seed: int = 0) -> pd.DataFrame:
     return table
 
 
-def _challenger(root: Path, name: str, table: pd.DataFrame, skill: float, passed: bool = True) -> PromoteParams:
-    """A model folder plus its evaluation, whose predictions carry `skill` signal (0 = chance)."""
+def _skilled_proba(y: np.ndarray, skill: float, seed: int = 7) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    p1 = np.clip(0.5 + skill * (y - 0.5) + rng.normal(0, 0.3, len(y)), 0.01, 0.99)
+    return np.stack([1 - p1, p1], axis=1)
+
+
+def _challenger(root: Path, name: str, table: pd.DataFrame, skill: float, passed: bool = True,
+                baseline_skill: float | None = -0.6) -> PromoteParams:
+    """A model folder plus its evaluation, whose predictions carry `skill` signal (0 = chance), beside a
+    classical baseline of `baseline_skill` (by default worse than chance, so the gate passes every challenger
+    of the tests on the champion; None: the evaluation ran without one)."""
     model_dir, eval_dir = root / name / "model", root / name / "eval"
     model_dir.mkdir(parents=True)
     eval_dir.mkdir(parents=True)
@@ -56,14 +65,13 @@ def _challenger(root: Path, name: str, table: pd.DataFrame, skill: float, passed
                 "verification": {"strict_load": True, "all_finite": True}}
     (model_dir / "manifest.json").write_text(json.dumps(manifest))
     y = table["AdoptionSpeed"].to_numpy()
-    rng = np.random.default_rng(7)
-    p1 = np.clip(0.5 + skill * (y - 0.5) + rng.normal(0, 0.3, len(y)), 0.01, 0.99)
-    proba = np.stack([1 - p1, p1], axis=1)
+    proba = _skilled_proba(y, skill)
+    baseline = None if baseline_skill is None else _skilled_proba(y, baseline_skill, seed=11)
     provenance = {
         "test_set": {"fingerprint": fingerprint_test_set(table)},
         "model": {"sha256": sha256_file(model_dir / "model.safetensors")},
     }
-    write_evaluation(eval_dir, table["row_id"].to_numpy(), y, proba, {}, [0, 1], "binary", provenance)
+    write_evaluation(eval_dir, table["row_id"].to_numpy(), y, proba, {}, [0, 1], "binary", provenance, baseline)
     report = root / name / "validation.json"
     report.write_text(json.dumps({"success": passed}))
     return PromoteParams(
@@ -102,6 +110,26 @@ def test_first_model_becomes_champion_with_every_file(tmp_path: Path, table: pd.
     assert history_path(champion) == tmp_path / "models" / "history.jsonl"
     # Nothing half-written is left beside the champion.
     assert sorted(f.name for f in champion.parent.iterdir()) == [".champion.lock", "champion", "history.jsonl"]
+
+
+def test_a_challenger_that_loses_to_the_baseline_is_not_promoted(tmp_path: Path, table: pd.DataFrame) -> None:
+    weak = _challenger(tmp_path, "weak", table, skill=0.1, baseline_skill=0.6)
+    metrics = json.loads((weak.eval_dir / "metrics.json").read_text())
+    model, baseline = metrics["vs_baseline"]["model"], metrics["vs_baseline"]["baseline"]
+    assert model < baseline
+    decision = promote(weak)
+    assert not decision.promoted and not weak.champion_dir.exists()
+    assert decision.validation_passed and decision.baseline_score == baseline
+    assert "loses to the classical baseline" in decision.reason
+    assert f"{model:.4f}" in decision.reason and f"{baseline:.4f}" in decision.reason
+    assert f"{baseline:.4f}" in render_decision_markdown(decision)
+    # without a baseline in metrics.json the gate cannot judge: refused, naming both ways out
+    blind = _challenger(tmp_path, "blind", table, skill=0.4, baseline_skill=None)
+    refused = promote(blind)
+    assert not refused.promoted and "evaluate.baseline: true" in refused.reason
+    # the switch off: the same weak challenger becomes the first champion
+    decision = promote(weak.model_copy(update={"require_beat_baseline": False}))
+    assert decision.promoted and decision.reason == "first model: no champion yet"
 
 
 def test_worse_challenger_leaves_champion_byte_identical(tmp_path: Path, table: pd.DataFrame) -> None:
@@ -290,6 +318,19 @@ def test_concurrent_promotions_are_serialised(tmp_path: Path, table: pd.DataFram
 
 
 # ------------------------------------------------------- real converted models and evaluations (slow chain)
+@pytest.mark.slow
+def test_the_baseline_gate_refuses_a_real_model_worse_than_the_baseline(tiny_model_chain, tmp_path: Path) -> None:
+    """The evaluate stage fitted the classical baseline on the same rows; the constant model loses to it."""
+    chain = tiny_model_chain
+    vs = json.loads((chain.constant_eval / "metrics.json").read_text())["vs_baseline"]
+    assert vs["model"] == 0.5 and vs["baseline"] > 0.6, vs  # the tiny synthetic set carries real signal
+    champion = tmp_path / "champion"
+    decision = promote(_real(chain, "constant", champion))
+    assert not decision.promoted and not champion.exists()
+    assert "loses to the classical baseline" in decision.reason and f"{vs['baseline']:.4f}" in decision.reason
+    assert read_history(champion)[-1]["baseline_score"] == vs["baseline"]
+
+
 def _real(chain, model: str, champion_dir: Path, **update: object) -> PromoteParams:
     fields = {"model_dir": getattr(chain, model), "eval_dir": getattr(chain, f"{model}_eval"),
               "champion_dir": champion_dir, "data_dir": chain.data_dir,
@@ -301,19 +342,21 @@ def _real(chain, model: str, champion_dir: Path, **update: object) -> PromotePar
 def test_real_worse_model_is_refused_and_better_one_promoted(tiny_model_chain, tmp_path: Path) -> None:
     chain = tiny_model_chain
     trained_score = json.loads((chain.trained_eval / "metrics.json").read_text())["primary_metric"]["value"]
+    # the champion comparison itself (the baseline gate has its own test below)
+    ungated = {"require_beat_baseline": False}
 
     # The trained model is champion; the constant one (AUC 0.5) is refused, the champion untouched.
     champion = tmp_path / "a" / "champion"
-    assert promote(_real(chain, "trained", champion)).promoted
+    assert promote(_real(chain, "trained", champion, **ungated)).promoted
     before = _snapshot(champion)
-    decision = promote(_real(chain, "constant", champion))
+    decision = promote(_real(chain, "constant", champion, **ungated))
     assert not decision.promoted and (decision.challenger_score, decision.champion_score) == (0.5, trained_score)
     assert _snapshot(champion) == before
 
     # The other way round, the trained model replaces the constant one.
     champion = tmp_path / "b" / "champion"
-    promote(_real(chain, "constant", champion))
-    decision = promote(_real(chain, "trained", champion))
+    promote(_real(chain, "constant", champion, **ungated))
+    decision = promote(_real(chain, "trained", champion, **ungated))
     assert decision.promoted and (decision.challenger_score, decision.champion_score) == (trained_score, 0.5)
     for name in ("model.safetensors", "model_config.json", "manifest.json"):
         assert (champion / name).read_bytes() == (chain.trained / name).read_bytes()
@@ -333,12 +376,13 @@ def test_champion_scored_on_another_test_set_is_rescored(tiny_model_chain, tmp_p
     test.head(len(test) // 2).to_parquet(old_data / "test.parquet", index=False)
     meta = json.loads((chain.data_dir / "meta.json").read_text())
     (old_data / "meta.json").write_text(json.dumps({**meta, "dataset_root": str(chain.images_root)}))
-    evaluate(EvaluateParams(model_dir=chain.trained, data_dir=old_data, out_dir=tmp_path / "old_eval"))
+    evaluate(EvaluateParams(model_dir=chain.trained, data_dir=old_data, out_dir=tmp_path / "old_eval", baseline=False))
     champion = tmp_path / "models" / "champion"
-    promote(_real(chain, "trained", champion, eval_dir=tmp_path / "old_eval", data_dir=old_data))
+    promote(_real(chain, "trained", champion, eval_dir=tmp_path / "old_eval", data_dir=old_data,
+                  require_beat_baseline=False))
     before = _snapshot(champion)
 
-    decision = promote(_real(chain, "constant", champion))
+    decision = promote(_real(chain, "constant", champion, require_beat_baseline=False))
     assert decision.champion_rescored and not decision.promoted
     # Re-scored on today's test set by the Predictor: exactly the evaluation's score of that model there.
     trained = json.loads((chain.trained_eval / "metrics.json").read_text())["primary_metric"]["value"]
@@ -356,7 +400,8 @@ def test_failed_validation_run_never_touches_champion(tiny_model_chain, tmp_path
     reports = tmp_path / "reports"
     shutil.copytree(chain.validation_report.parent, reports)
     champion = tmp_path / "models" / "champion"
-    promote(_real(chain, "constant", champion, validation_report=reports / "validation.json"))
+    promote(_real(chain, "constant", champion, validation_report=reports / "validation.json",
+                  require_beat_baseline=False))
     before, history_before = _snapshot(champion), history_path(champion).read_bytes()
 
     # A new run on bad data: a label outside the binary set. Validation fails and says so in its report.

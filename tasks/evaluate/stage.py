@@ -24,6 +24,8 @@ from tasks._io.files import write_json
 from tasks._io.folders import recover_dir, swap_dir, temp_dir_beside
 from tasks._io.hashing import sha256_file
 from tasks.errors import StageError
+from tasks.evaluate.baseline import NAME as BASELINE_NAME
+from tasks.evaluate.baseline import BaselineResult, fit_and_score
 from tasks.evaluate.inputs import check_model_dir, load_predictor, load_test_set
 from tasks.evaluate.metrics import (
     LabelKind,
@@ -51,18 +53,25 @@ class EvaluationSummary(BaseModel):
     primary_value: float
     metrics: dict[str, float | None]
     ablation_drop: dict[str, float | None]
+    baseline_value: float | None = None
+    baseline_seconds: float | None = None
     plots: list[Path]
 
 
 def predictions_frame(
-    row_ids: np.ndarray, y_true: np.ndarray, proba: np.ndarray, classes: Sequence[int]
+    row_ids: np.ndarray, y_true: np.ndarray, proba: np.ndarray, classes: Sequence[int],
+    baseline_proba: np.ndarray | None = None,
 ) -> pd.DataFrame:
-    """Columns as the prediction CLI writes them (`proba_<class>`, `prediction`) plus row_id and label."""
+    """Columns as the prediction CLI writes them (`proba_<class>`, `prediction`) plus row_id and label, and
+    the baseline's probabilities (`baseline_proba_<class>`) when it ran."""
     frame = pd.DataFrame({"row_id": np.asarray(row_ids, dtype=np.int64)})
     for i, c in enumerate(classes):
         frame[f"proba_{c}"] = proba[:, i]
     frame["prediction"] = predicted_labels(proba, classes).astype(np.int64)
     frame["label"] = np.asarray(y_true, dtype=np.int64)
+    if baseline_proba is not None:
+        for i, c in enumerate(classes):
+            frame[f"baseline_proba_{c}"] = baseline_proba[:, i]
     return frame
 
 
@@ -96,8 +105,12 @@ def write_evaluation(
     classes: Sequence[int],
     label_kind: LabelKind,
     provenance: Mapping[str, Any],
+    baseline_proba: np.ndarray | None = None,
 ) -> dict[str, Any]:
-    """Write every evaluation file into `out_dir` (an existing, empty folder) and return metrics.json's content."""
+    """Write every evaluation file into `out_dir` (an existing, empty folder) and return metrics.json's content.
+
+    `baseline_proba`: the classical baseline's probabilities on the same rows (tasks/evaluate/baseline.py),
+    reported beside the model's as `baseline` and `vs_baseline`."""
     classes = [int(c) for c in classes]
     proba = as_class_probabilities(proba, classes)
     y_true = np.asarray(y_true, dtype=np.int64)
@@ -113,8 +126,15 @@ def write_evaluation(
         "classes": classes,
         **provenance,
     }
+    if baseline_proba is not None:
+        baseline_proba = as_class_probabilities(baseline_proba, classes)
+        value = primary_score(y_true, baseline_proba, classes, label_kind)
+        content["baseline"] = {"model": BASELINE_NAME, "primary_metric": {"name": name, "value": value},
+                               "metrics": compute_metrics(y_true, baseline_proba, classes, label_kind)}
+        content["vs_baseline"] = {"metric": name, "model": content["primary_metric"]["value"], "baseline": value,
+                                  "delta": content["primary_metric"]["value"] - value}
     write_json(out_dir / "metrics.json", content)
-    predictions_frame(row_ids, y_true, proba, classes).to_csv(out_dir / "predictions.csv", index=False)
+    predictions_frame(row_ids, y_true, proba, classes, baseline_proba).to_csv(out_dir / "predictions.csv", index=False)
     ablation = ablation_report(
         y_true, metrics, {m: as_class_probabilities(p, classes) for m, p in masked.items()}, classes, label_kind
     )
@@ -133,12 +153,21 @@ def render_markdown(
 ) -> str:
     """A markdown summary of metrics.json (and ablation.json, plot paths): for a Prefect artifact and the terminal."""
     primary = metrics["primary_metric"]["name"]
-    lines = ["| metric | value |", "|---|---|"]
+    baseline = metrics.get("baseline")
+    if baseline:
+        lines = ["| metric | fusion model | classical baseline |", "|---|---|---|"]
+    else:
+        lines = ["| metric | value |", "|---|---|"]
     for key, value in metrics["metrics"].items():
         label = f"**{key}** (primary)" if key == primary else key
-        lines.append(f"| {label} | {_fmt(value)} |")
+        lines.append(f"| {label} | {_fmt(value)} |" + (f" {_fmt(baseline['metrics'].get(key))} |" if baseline else ""))
     counts = ", ".join(f"{c}: {n}" for c, n in metrics["label_counts"].items())
     lines += ["", f"Test rows: {metrics['rows']} (label counts {counts})."]
+    if baseline:
+        vs = metrics["vs_baseline"]
+        verdict = "beats" if vs["delta"] > 0 else "ties" if vs["delta"] == 0 else "LOSES TO"
+        lines += ["", f"The fusion model {verdict} the baseline on {vs['metric']}: {_fmt(vs['model'])} vs "
+                      f"{_fmt(vs['baseline'])} ({vs['delta']:+.4f}). Baseline: {baseline['model']}."]
     if ablation:
         lines += ["", f"| modality masked | {ablation['metric']} | drop vs full |", "|---|---|---|"]
         for modality, entry in ablation["modalities"].items():
@@ -146,6 +175,12 @@ def render_markdown(
     if plots:
         lines += ["", "Plots (open offline): " + ", ".join(f"`{p}`" for p in plots)]
     return "\n".join(lines) + "\n"
+
+
+def fit_baseline(data_dir: Path, test: pd.DataFrame, classes: list[int], seed: int) -> BaselineResult:
+    """The classical baseline fitted on the validated training rows (train + val), scored on `test`."""
+    rows = pd.concat([pd.read_parquet(data_dir / f"{split}.parquet") for split in ("train", "val")], ignore_index=True)
+    return fit_and_score(rows, test, classes, seed)
 
 
 def evaluate(p: EvaluateParams) -> EvaluationSummary:
@@ -164,6 +199,7 @@ def evaluate(p: EvaluateParams) -> EvaluationSummary:
         m: predictor.predict_proba(features, images_root, drop_modalities=(m,), batch_size=p.batch_size)
         for m in predictor.model.modalities  # a model without photos to learn from has no image input
     }
+    baseline = fit_baseline(p.data_dir, table, classes, p.seed) if p.baseline else None
     provenance = {
         "test_set": {"path": str(p.data_dir / "test.parquet"), "fingerprint": fingerprint_test_set(table, label)},
         "model": {"path": str(p.model_dir), "sha256": sha256_file(p.model_dir / WEIGHTS)},
@@ -177,6 +213,7 @@ def evaluate(p: EvaluateParams) -> EvaluationSummary:
             content = write_evaluation(
                 tmp, table["row_id"].to_numpy(), table[label].to_numpy(), np.asarray(proba),
                 {m: np.asarray(v) for m, v in masked.items()}, classes, label_kind, provenance,
+                baseline.proba if baseline is not None else None,
             )
             ablation = json.loads((tmp / "ablation.json").read_text())
             swap_dir(tmp, p.out_dir)
@@ -190,5 +227,7 @@ def evaluate(p: EvaluateParams) -> EvaluationSummary:
         primary_value=content["primary_metric"]["value"],
         metrics=content["metrics"],
         ablation_drop={m: e["drop"] for m, e in ablation["modalities"].items()},
+        baseline_value=(content.get("baseline") or {}).get("primary_metric", {}).get("value"),
+        baseline_seconds=baseline.seconds if baseline is not None else None,
         plots=[p.out_dir / "roc.png", p.out_dir / "confusion_matrix.png"],
     )

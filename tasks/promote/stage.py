@@ -46,6 +46,7 @@ class PromotionDecision(BaseModel):
     min_delta: float
     champion_rescored: bool
     validation_passed: bool
+    baseline_score: float | None = None  # the classical baseline on the same test rows (metrics.json)
     test_fingerprint: str
     challenger_sha256: str
     previous_champion_sha256: str | None
@@ -116,6 +117,18 @@ def conversion_status(model_dir: Path) -> tuple[bool, str]:
     return True, "conversion verified"
 
 
+def baseline_status(metrics: dict[str, Any], path: Path) -> tuple[bool, str]:
+    """Whether the challenger is at least as good as the classical baseline scored in the same evaluation."""
+    vs = metrics.get("vs_baseline")
+    if not isinstance(vs, dict) or "delta" not in vs:
+        return False, (f"{path} has no baseline score, and promote.require_beat_baseline is true: run evaluate "
+                       "with evaluate.baseline: true, or set promote.require_beat_baseline: false")
+    if vs["delta"] < 0:
+        return False, (f"the challenger loses to the classical baseline: {vs['metric']} {vs['model']:.4f} vs "
+                       f"baseline {vs['baseline']:.4f} ({vs['delta']:+.4f}) on the same test rows")
+    return True, f"beats the classical baseline ({vs['model']:.4f} vs {vs['baseline']:.4f})"
+
+
 def _champion_state(champion_dir: Path) -> dict[str, Any] | None:
     """The champion's metrics.json, None when there is no champion; an incomplete champion is refused."""
     if not champion_dir.exists():
@@ -151,9 +164,13 @@ def _decide(p: PromoteParams, challenger: dict[str, Any]) -> PromotionDecision:
             f"{p.eval_dir / 'metrics.json'} was computed on another test set than {p.data_dir / 'test.parquet'} "
             f"({fingerprint} vs {current}). Run `python -m tasks evaluate` on the current data, then promote."
         )
-    passed, validation_reason = validation_status(p.validation_report)
+    passed, refusal = validation_status(p.validation_report)
     if passed:
-        passed, validation_reason = conversion_status(p.model_dir)
+        passed, refusal = conversion_status(p.model_dir)
+    validation_passed = passed
+    baseline_score = (challenger.get("vs_baseline") or {}).get("baseline")
+    if passed and p.require_beat_baseline:
+        passed, refusal = baseline_status(challenger, p.eval_dir / "metrics.json")
     champion = _champion_state(p.champion_dir)
     decision = dict(
         timestamp=datetime.now(UTC).isoformat(timespec="seconds"),
@@ -162,7 +179,8 @@ def _decide(p: PromoteParams, challenger: dict[str, Any]) -> PromotionDecision:
         champion_score=None,
         min_delta=p.min_delta,
         champion_rescored=False,
-        validation_passed=passed,
+        validation_passed=validation_passed,
+        baseline_score=baseline_score,
         test_fingerprint=fingerprint,
         challenger_sha256=challenger["model"]["sha256"],
         previous_champion_sha256=None,
@@ -179,7 +197,7 @@ def _decide(p: PromoteParams, challenger: dict[str, Any]) -> PromotionDecision:
             decision["champion_score"] = rescore(p.champion_dir, p.data_dir, p.batch_size)
 
     if not passed:
-        return PromotionDecision(promoted=False, reason=validation_reason, **decision)
+        return PromotionDecision(promoted=False, reason=refusal, **decision)
     if champion is None:
         return PromotionDecision(promoted=True, reason="first model: no champion yet", **decision)
     old = decision["champion_score"]
@@ -245,7 +263,8 @@ def render_decision_markdown(decision: PromotionDecision) -> str:
         f"**Challenger {verdict}.** {decision.reason}\n\n"
         "| | score |\n|---|---|\n"
         f"| challenger {decision.metric} | {fmt(decision.challenger_score)} |\n"
-        f"| champion {decision.metric}{rescored} | {fmt(decision.champion_score)} |\n\n"
+        f"| champion {decision.metric}{rescored} | {fmt(decision.champion_score)} |\n"
+        f"| classical baseline {decision.metric} (same test rows) | {fmt(decision.baseline_score)} |\n\n"
         f"Champion folder: `{decision.champion_dir}`; history: `{history_path(decision.champion_dir)}`.\n"
     )
 
