@@ -26,6 +26,7 @@ from fusion_model.callbacks import ProgressPrinter, Throughput
 from fusion_model.config import TrainConfig, processes_per_node
 from fusion_model.data import FusionDataModule, ValidatedData
 from fusion_model.layout import BEST_CHECKPOINT, LAST_CHECKPOINT, MODEL_CONFIG, TRAIN_SUMMARY
+from fusion_model.loopback import bind_stores_to_master_addr
 from fusion_model.module import FusionModule, metric_name
 from fusion_model.preprocess import Preprocessor
 from fusion_model.schema import IMAGES, LABEL, split_images
@@ -33,6 +34,9 @@ from fusion_model.strategies import build_strategy
 from tasks._io.files import write_json
 
 FORMAT_VERSION = 1
+# At import, so ddp_spawn's ranks (which re-import this module) get it too: under torchrun the agent hosts
+# the store (fusion_model.launch), under ddp_spawn rank 0 does, on MASTER_ADDR only.
+bind_stores_to_master_addr()
 
 
 def uses_cuda(cfg: TrainConfig) -> bool:

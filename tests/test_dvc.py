@@ -26,7 +26,7 @@ MODEL = Path("data/model/model.safetensors")
 ENTRY_MODULES = {
     "download": ["tasks.__main__", "tasks.download"],
     "validate": ["tasks.__main__", "tasks.validate"],
-    "train": ["tasks.__main__", "tasks.train", "fusion_model.fit"],
+    "train": ["tasks.__main__", "tasks.train", "fusion_model.fit", "fusion_model.launch"],
     "convert": ["tasks.__main__", "tasks.convert"],
     "evaluate": ["tasks.__main__", "tasks.evaluate", "fusion_model.predict"],
 }

@@ -39,11 +39,11 @@ def test_launch_commands() -> None:
     cfg = TrainConfig(strategy="ddp", num_nodes=2, node_rank=1, master_port=29555)
     cmd = build_command(cfg, Path("c.json"), nproc=2, port=29555)
     joined = " ".join(cmd)
-    assert "-m torch.distributed.run" in joined and "--nproc_per_node 2" in joined
+    assert "-m fusion_model.launch" in joined and "--nproc_per_node 2" in joined  # torchrun, store on loopback
     assert "--nnodes 2 --node_rank 1 --master_addr 127.0.0.1 --master_port 29555" in joined
     assert cmd[-4:] == ["-m", "fusion_model.fit", "--config", "c.json"]
     spawn = build_command(TrainConfig(strategy="ddp_spawn"), Path("c.json"), nproc=2, port=1)
-    assert "torch.distributed.run" not in spawn and spawn[1:3] == ["-m", "fusion_model.fit"]
+    assert "fusion_model.launch" not in spawn and spawn[1:3] == ["-m", "fusion_model.fit"]
 
 
 def test_the_train_stage_never_imports_lightning_into_its_caller() -> None:

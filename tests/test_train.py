@@ -53,6 +53,30 @@ def _processes_mentioning(text: str) -> list[psutil.Process]:
     return found
 
 
+def _listening_while(run):
+    """Run `run()` in a thread and sample, every 0.1 s, the TCP sockets its process tree listens on."""
+    result: dict[str, object] = {}
+    thread = threading.Thread(target=lambda: result.setdefault("value", run()))
+    thread.start()
+    seen: set[tuple[str, int]] = set()
+    me = psutil.Process()
+    while thread.is_alive():
+        for proc in me.children(recursive=True):
+            try:
+                seen |= {(c.laddr.ip, c.laddr.port) for c in proc.net_connections(kind="inet")
+                         if c.status == psutil.CONN_LISTEN}
+            except psutil.Error:
+                continue
+        time.sleep(0.1)
+    thread.join()
+    return result.get("value"), seen
+
+
+def _assert_loopback_only(listening: set[tuple[str, int]]) -> None:
+    assert listening, "no listening socket was seen: the sampling missed the run"
+    assert {ip for ip, _ in listening} <= {"127.0.0.1", "::1"}, f"listening beyond loopback: {sorted(listening)}"
+
+
 def _assert_zero_folder(folder: Path, stage: int, world: int = 2) -> None:
     assert (folder / "latest").read_text().strip() == "checkpoint"
     ckpt = folder / "checkpoint"
@@ -96,9 +120,11 @@ def test_flow_like_caller_runs_once_while_ddp_spawn_trains_two_ranks(data_dir: P
         print("SUMMARY", summary.model_dump_json())
         print("STREAMED", json.dumps([l for l in lines if l.startswith("[train]")]))
     """))
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    proc, listening = _listening_while(
+        lambda: subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=ROOT))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert counter.read_text() == "ran\n"
+    _assert_loopback_only(listening)  # rank 0 hosts the store under ddp_spawn: on MASTER_ADDR only
     summary = TrainSummary.model_validate_json(proc.stdout.split("SUMMARY ", 1)[1].splitlines()[0])
     _assert_outputs(out, summary, "ddp_spawn")
     streamed = json.loads(proc.stdout.split("STREAMED ", 1)[1].splitlines()[0])
@@ -120,7 +146,9 @@ def test_ddp_torchrun_two_ranks_leaves_a_checkpoint(data_dir: Path, tmp_path: Pa
 def test_deepspeed_writes_one_optimizer_shard_per_rank(data_dir: Path, tmp_path: Path, stage: int) -> None:
     out = tmp_path / "ckpt"
     gathered = tmp_path / "gathered.safetensors"
-    summary = train(_config(data_dir, out, strategy="deepspeed", zero_stage=stage, save_gathered_weights=gathered))
+    summary, listening = _listening_while(
+        lambda: train(_config(data_dir, out, strategy="deepspeed", zero_stage=stage, save_gathered_weights=gathered)))
+    _assert_loopback_only(listening)  # torchrun's rendezvous store and gloo: 127.0.0.1 only
     _assert_outputs(out, summary, "deepspeed")
     assert summary.zero_stage == stage and summary.checkpoint_kind == "deepspeed_zero"
     _assert_zero_folder(out / "best.ckpt", stage)

@@ -11,10 +11,12 @@ rank's error and the log's tail. Neither torch nor Lightning is imported here.
 from __future__ import annotations
 
 import collections
+import ipaddress
 import logging
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -34,6 +36,7 @@ log = logging.getLogger(__name__)
 TAIL_LINES = 60
 _ERROR_LINE = re.compile(r"^\s*(\[rank\d+\]:?\s*)?[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b.*")
 CONFIG_NAME = "train_config.json"
+LOOPBACK_INTERFACE = "lo"
 LOG_NAME = "train.log"
 
 
@@ -116,12 +119,19 @@ def _clear_previous_outputs(out_dir: Path) -> None:
             path.unlink()
 
 
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, ValueError):  # a name that does not resolve here is no loopback address
+        return False
+
+
 def build_command(p: TrainConfig, config_path: Path, nproc: int, port: int) -> list[str]:
     entry = ["-m", "fusion_model.fit", "--config", str(config_path)]
     if p.strategy == "ddp_spawn":
         return [sys.executable, *entry]  # Lightning spawns the ranks from this one process
     return [
-        sys.executable, "-m", "torch.distributed.run",
+        sys.executable, "-m", "fusion_model.launch",  # torchrun, its store bound to master_addr
         "--nproc_per_node", str(nproc), "--nnodes", str(p.num_nodes), "--node_rank", str(p.node_rank),
         "--master_addr", p.master_addr, "--master_port", str(port),
         "--max_restarts", "0",
@@ -140,6 +150,10 @@ def _environment(p: TrainConfig, port: int) -> dict[str, str]:
     env.setdefault("HF_HUB_OFFLINE", "1")
     if p.strategy == "ddp_spawn":
         env.update({"MASTER_ADDR": p.master_addr, "MASTER_PORT": str(port)})
+    if _is_loopback(p.master_addr):
+        # gloo listens on the address of the interface it is given (else of the host name): one node on
+        # loopback keeps every rank-to-rank socket there too
+        env.setdefault("GLOO_SOCKET_IFNAME", LOOPBACK_INTERFACE)
     return env
 
 
