@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -29,14 +30,18 @@ from fusion_model.layout import BEST_CHECKPOINT, LAST_CHECKPOINT, MODEL_CONFIG, 
 from fusion_model.loopback import bind_stores_to_master_addr
 from fusion_model.module import FusionModule, metric_name
 from fusion_model.preprocess import Preprocessor
+from fusion_model.safe_load import check_checkpoint
 from fusion_model.schema import IMAGES, LABEL, split_images
 from fusion_model.strategies import build_strategy
 from tasks._io.files import write_json
+from tasks._io.processes import die_with_parent
 
 FORMAT_VERSION = 1
 # At import, so ddp_spawn's ranks (which re-import this module) get it too: under torchrun the agent hosts
 # the store (fusion_model.launch), under ddp_spawn rank 0 does, on MASTER_ADDR only.
 bind_stores_to_master_addr()
+if __name__ == "__mp_main__":  # a rank ddp_spawn started: it ends with the process that spawned it
+    die_with_parent(signal.SIGKILL)
 
 
 def uses_cuda(cfg: TrainConfig) -> bool:
@@ -141,9 +146,10 @@ class FinishRun(pl.Callback):
             "metric": self.metric,
             "monitor": f"val/{self.metric}",
             "best_score": float(best) if best is not None else None,
-            "best_checkpoint": str(Path(self.checkpoint.best_model_path).resolve())
-            if self.checkpoint.best_model_path else None,
-            "last_checkpoint": str((out_dir / LAST_CHECKPOINT).resolve()),
+            # names inside the run's folder, not paths: the folder is renamed into place, and the same run
+            # must write the same bytes in any clone
+            "best_checkpoint": Path(self.checkpoint.best_model_path).name if self.checkpoint.best_model_path else None,
+            "last_checkpoint": LAST_CHECKPOINT,
             "checkpoint_kind": "deepspeed_zero" if cfg.strategy == "deepspeed" else "lightning",
             "resumed_from": self.resume_from,
             "fit_wall_s": round(time.perf_counter() - self._started, 2),
@@ -214,6 +220,9 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         last = out_dir / LAST_CHECKPOINT
         if not last.exists():
             raise FileNotFoundError(f"--resume: {last} does not exist; train once without --resume first")
+        # Lightning and DeepSpeed unpickle a checkpoint in full (code may run): first prove that every file
+        # of it holds only tensors and plain data
+        check_checkpoint(last)
         resume_from = str(last)
     finish = FinishRun(cfg, metric, checkpoint, progress, throughput, resume_from)
     trainer.callbacks.append(finish)
@@ -229,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save-gathered-weights", type=Path, default=None, metavar="PATH",
                         help="after fit, save the final fp32 weights (gathered across ranks) as safetensors")
     args = parser.parse_args(argv)
+    # a rank whose launcher died (killed with the caller) must not train on alone
+    die_with_parent(signal.SIGKILL)
     cfg = TrainConfig.model_validate_json(args.config.read_text())
     updates: dict[str, Any] = {}
     if args.resume:

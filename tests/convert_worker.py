@@ -30,13 +30,27 @@ def main() -> None:
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--pause-after", type=int, default=None)
     parser.add_argument("--sleep-per-tensor", type=float, default=0.0)
+    parser.add_argument("--pause-after-swap", action="store_true",
+                        help="stop between the folder exchange and the deletion of the old folder")
     args = parser.parse_args()
+    if args.pause_after_swap:
+        import tasks._io.folders as folders
+
+        real_rmtree = folders.shutil.rmtree
+
+        def rmtree_after_pause(path, *a, **kw):  # type: ignore[no-untyped-def]
+            if Path(path).name.startswith(f".{args.out_dir.name}.incoming-") and Path(path).exists():
+                print("SWAPPED", Path(path).name, flush=True)
+                time.sleep(600)
+            return real_rmtree(path, *a, **kw)
+
+        folders.shutil.rmtree = rmtree_after_pause
 
     def on_tensor(i: int, plan: object) -> None:
         if args.sleep_per_tensor:
             time.sleep(args.sleep_per_tensor)
         if args.pause_after is not None and i + 1 == args.pause_after:
-            temps = sorted(p.name for p in args.out_dir.glob(".model.safetensors.*.tmp"))
+            temps = sorted(p.name for p in args.out_dir.parent.glob(f".{args.out_dir.name}.incoming-*"))
             print("PAUSED", *temps, flush=True)
             time.sleep(600)
 

@@ -178,14 +178,18 @@ def _worker(src: Path, out: Path, *extra: str) -> subprocess.Popen[str]:
     )
 
 
+def _leftovers(out: Path) -> list[str]:
+    return sorted(p.name for p in out.parent.glob(f".{out.name}.*") if p.is_dir())
+
+
 def test_kill_mid_write_leaves_no_output_and_the_next_run_succeeds(shards: Path, tmp_path: Path) -> None:
     src, out = shards / "z3-fp32", tmp_path / "model"
     proc = _worker(src, out, "--pause-after", "5")
     try:
         line = proc.stdout.readline()  # type: ignore[union-attr]
-        assert line.startswith("PAUSED .model.safetensors."), line + proc.stderr.read()  # type: ignore[union-attr]
-        temp = out / line.split()[1]
-        assert temp.stat().st_size > 0
+        assert line.startswith("PAUSED .model.incoming-"), line + proc.stderr.read()  # type: ignore[union-attr]
+        staged = out.parent / line.split()[1]
+        assert (staged / "model.safetensors").stat().st_size > 0
         assert not (out / "model.safetensors").exists()
     finally:
         proc.send_signal(signal.SIGKILL)
@@ -196,7 +200,7 @@ def test_kill_mid_write_leaves_no_output_and_the_next_run_succeeds(shards: Path,
 
     summary = convert(params(src, out), build_model=tiny_builder)
     assert summary.converted
-    assert not list(out.glob(".*.tmp")), "the killed run's temporary file is cleaned up"
+    assert _leftovers(out) == [], "the killed run's half-written folder is cleaned up"
     reference = deepspeed_reference(src / "best.ckpt")
     got = load_file(out / "model.safetensors")
     assert all(torch.equal(got[k], v) for k, v in reference.items())
@@ -205,15 +209,35 @@ def test_kill_mid_write_leaves_no_output_and_the_next_run_succeeds(shards: Path,
 def test_kill_while_replacing_keeps_the_previous_output(shards: Path, tmp_path: Path) -> None:
     out = tmp_path / "model"
     convert(params(shards / "z2-fp32", out), build_model=tiny_builder)
-    old = sha256_file(out / "model.safetensors")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
     proc = _worker(shards / "z3-fp32", out, "--pause-after", "3")
     try:
         assert proc.stdout.readline().startswith("PAUSED")  # type: ignore[union-attr]
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
-    assert sha256_file(out / "model.safetensors") == old
-    assert json.loads((out / "manifest.json").read_text())["source"]["zero_stage"] == 2
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # all three files, as they were
+
+
+def test_kill_right_after_the_swap_leaves_the_whole_new_output(shards: Path, tmp_path: Path) -> None:
+    """The folder exchange is the one point where old becomes new: killed just after it, the new weights,
+    config and manifest are all there together; the old folder's leftovers go with the next run."""
+    out = tmp_path / "model"
+    convert(params(shards / "z2-fp32", out), build_model=tiny_builder)
+    proc = _worker(shards / "z3-fp32", out, "--pause-after-swap")
+    try:
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+        assert line.startswith("SWAPPED"), line + proc.stderr.read()  # type: ignore[union-attr]
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["source"]["zero_stage"] == 3
+    assert manifest["output"]["sha256"] == sha256_file(out / "model.safetensors")
+    assert manifest["output"]["model_config_sha256"] == sha256_file(out / "model_config.json")
+    assert _leftovers(out) == [line.split()[1]]  # the old folder, under its temporary name
+    again = convert(params(shards / "z3-fp32", out), build_model=tiny_builder)
+    assert not again.converted and _leftovers(out) == []
 
 
 def test_two_concurrent_runs_convert_once_and_skip_once(shards: Path, tmp_path: Path) -> None:
@@ -252,7 +276,7 @@ def test_model_that_does_not_match_the_checkpoint_is_refused(shards: Path, tmp_p
     with pytest.raises(StageError) as err:
         convert(params(shards / "z2-fp32", out), build_model=lambda c: TinyNet(width=c["width"], depth=2))
     assert "strict=True" in str(err.value) and "blocks.1.weight" in str(err.value)
-    assert not (out / "model.safetensors").exists() and not list(out.glob(".*.tmp"))
+    assert not (out / "model.safetensors").exists() and _leftovers(out) == []
 
 
 def test_keys_outside_the_model_prefix_are_named(shards: Path, tmp_path: Path) -> None:
@@ -330,7 +354,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for name, overrides in runs.items():
         ckpt = root / name
         if name != "ddp":  # a ddp rank holds the full weights already: its checkpoint is the reference
-            overrides = {**overrides, "save_gathered_weights": ckpt / "gathered.safetensors"}
+            # beside the run's folder, not in it: the folder is replaced whole when the run succeeds
+            overrides = {**overrides, "save_gathered_weights": root / f"{name}.gathered.safetensors"}
         train(TrainConfig.model_validate({
             "data_dir": data_dir, "out_dir": ckpt, "image_model": "test_resnet", "image_size": 32,
             "text_buckets": 64, "text_dim": 8, "cat_dim": 4, "adapter_dim": 8, "hidden_sizes": [16],
@@ -374,7 +399,7 @@ def test_train_stage_checkpoint_converts_to_a_loadable_fusion_model(trained: dic
     assert set(got) == set(model.state_dict())
     model.load_state_dict(got, strict=True)
     if run != "ddp":
-        gathered = load_file(src / "gathered.safetensors")
+        gathered = load_file(src.parent / f"{run}.gathered.safetensors")
         assert set(gathered) == set(got)
         for key, value in gathered.items():
             assert got[key].dtype == value.dtype and torch.equal(got[key], value), key

@@ -218,6 +218,24 @@ def test_evaluation_of_a_converted_model(tiny_model_chain) -> None:
 
 
 @pytest.mark.slow
+def test_a_model_folder_mixing_two_conversions_is_refused(tiny_model_chain, tmp_path: Path) -> None:
+    """New weights beside another run's config (what a file-by-file replacement could leave) are refused."""
+    import shutil
+
+    mixed = tmp_path / "model"
+    shutil.copytree(tiny_model_chain.trained, mixed)
+    shutil.copy2(tiny_model_chain.constant / "manifest.json", mixed / "manifest.json")
+    with pytest.raises(StageError, match="model.safetensors is not the file its manifest verified"):
+        evaluate(EvaluateParams(model_dir=mixed, data_dir=tiny_model_chain.data_dir, out_dir=tmp_path / "eval"))
+    shutil.copy2(tiny_model_chain.trained / "manifest.json", mixed / "manifest.json")
+    config = json.loads((mixed / "model_config.json").read_text())
+    (mixed / "model_config.json").write_text(json.dumps({**config, "metric": config["metric"]}, indent=1))
+    with pytest.raises(StageError, match="model_config.json is not the config its manifest verified"):
+        evaluate(EvaluateParams(model_dir=mixed, data_dir=tiny_model_chain.data_dir, out_dir=tmp_path / "eval"))
+    assert not (tmp_path / "eval").exists()
+
+
+@pytest.mark.slow
 def test_evaluate_cli_is_deterministic_and_explains_bad_weights(
     tiny_model_chain, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -244,6 +262,8 @@ def test_evaluate_cli_is_deterministic_and_explains_bad_weights(
     (broken / "model.safetensors").write_bytes((chain.trained / "model.safetensors").read_bytes()[:1000])
     assert main(args(broken)) == 1
     err = capsys.readouterr().err
-    assert f"{broken}: cannot load the converted model" in err and "python -m tasks convert" in err
+    # caught before loading: the damaged file is not the one its conversion verified
+    assert f"{broken / 'model.safetensors'} is not the file its manifest verified" in err
+    assert "python -m tasks convert" in err
     # The failed run left the previous evaluation in place.
     assert (out / "predictions.csv").read_bytes() == (chain.trained_eval / "predictions.csv").read_bytes()

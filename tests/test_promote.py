@@ -61,7 +61,8 @@ def _challenger(root: Path, name: str, table: pd.DataFrame, skill: float, passed
     gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))
     save_file({"head.weight": torch.randn(2, 8, generator=gen)}, str(model_dir / "model.safetensors"))
     (model_dir / "model_config.json").write_text(json.dumps({"name": name}))
-    manifest = {"output": {"sha256": sha256_file(model_dir / "model.safetensors")},
+    manifest = {"output": {"sha256": sha256_file(model_dir / "model.safetensors"),
+                           "model_config_sha256": sha256_file(model_dir / "model_config.json")},
                 "verification": {"strict_load": True, "all_finite": True}}
     (model_dir / "manifest.json").write_text(json.dumps(manifest))
     y = table["AdoptionSpeed"].to_numpy()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -24,6 +25,7 @@ from fusion_model.config import TrainConfig
 from tasks._io.ports import free_port
 from tasks.errors import StageError
 from tasks.train import TrainSummary, train
+from tasks.train.stage import staging_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -134,12 +136,25 @@ def test_flow_like_caller_runs_once_while_ddp_spawn_trains_two_ranks(data_dir: P
     assert all(k.startswith("model.") for k in state)
 
 
-def test_ddp_torchrun_two_ranks_leaves_a_checkpoint(data_dir: Path, tmp_path: Path) -> None:
-    out = tmp_path / "ckpt"
-    summary = train(_config(data_dir, out, strategy="ddp"))
+@pytest.fixture(scope="module")
+def finished_ddp(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, TrainSummary]:
+    """One finished ddp run (torchrun, 2 ranks, 1 epoch): its out_dir and summary. Copy it to change it."""
+    out = tmp_path_factory.mktemp("finished_ddp") / "ckpt"
+    return out, train(_config(data_dir, out, strategy="ddp"))
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_ddp_torchrun_two_ranks_leaves_a_checkpoint(finished_ddp: tuple[Path, TrainSummary]) -> None:
+    out, summary = finished_ddp
     _assert_outputs(out, summary, "ddp")
     assert (out / "best.ckpt").is_file() and (out / "last.ckpt").is_file()
     assert "[train] finished" in (out / "train.log").read_text()  # the ranks' log is kept next to the outputs
+    assert not staging_dir(_config(out.parent, out)).exists()  # the staging folder became out_dir
+    summary_file = json.loads((out / "train_summary.json").read_text())
+    assert (summary_file["best_checkpoint"], summary_file["last_checkpoint"]) == ("best.ckpt", "last.ckpt")
 
 
 @pytest.mark.parametrize("stage", [2, 3])
@@ -169,8 +184,8 @@ def test_deepspeed_writes_one_optimizer_shard_per_rank(data_dir: Path, tmp_path:
         _assert_zero_folder(out / "last.ckpt", 2)
 
 
-def test_a_failing_rank_fails_the_stage_fast_and_leaves_no_process(data_dir: Path, tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failing_rank_fails_the_stage_fast_and_leaves_no_process(
+        data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, finished_ddp: tuple[Path, TrainSummary]) -> None:
     # Only rank 1 raises, at its first step, while rank 0 waits in the gradient all-reduce: a sitecustomize module
     # (imported by every Python started with this PYTHONPATH) patches the training step in that rank.
     hooks = tmp_path / "hooks"
@@ -188,6 +203,8 @@ def test_a_failing_rank_fails_the_stage_fast_and_leaves_no_process(data_dir: Pat
     """))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")]))
     out = tmp_path / "ckpt"
+    shutil.copytree(finished_ddp[0], out)
+    before = _tree(out)
     failed_at: list[float] = []
 
     class WhenFailed(logging.Handler):
@@ -211,13 +228,73 @@ def test_a_failing_rank_fails_the_stage_fast_and_leaves_no_process(data_dir: Pat
     assert failed_at, "the rank's error never reached the caller's logger"
     assert raised_at - failed_at[0] < 60, f"failed {raised_at - failed_at[0]:.0f} s after the rank raised"
     assert raised_at - started < 240
-    assert _processes_mentioning(str(out)) == []  # launcher and both ranks are gone
+    staging = staging_dir(_config(data_dir, out))
+    assert _processes_mentioning(str(staging)) == []  # launcher and both ranks are gone
+    assert _tree(out) == before  # the last good run's checkpoints are untouched
+    assert str(staging / "train.log") in message and "injected failure" in (staging / "train.log").read_text()
+
+
+def _wait_for(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def test_a_killed_run_keeps_the_last_good_checkpoints_and_resumes_where_it_stopped(
+        data_dir: Path, tmp_path: Path, finished_ddp: tuple[Path, TrainSummary]) -> None:
+    out = tmp_path / "ckpt"
+    shutil.copytree(finished_ddp[0], out)
+    before = _tree(out)
+    cfg = _config(data_dir, out, strategy="ddp", max_epochs=40)
+    staging = staging_dir(cfg)
+    script = tmp_path / "caller.py"
+    script.write_text(textwrap.dedent(f"""
+        from fusion_model.config import TrainConfig
+        from tasks.train import train
+        train(TrainConfig.model_validate_json({cfg.model_dump_json()!r}))
+    """))
+    caller = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        _wait_for(lambda: (staging / "last.ckpt").is_file(), 240, "the first epoch's last.ckpt")
+        time.sleep(1.0)  # past the save: the kill lands mid-training
+        assert len(_processes_mentioning(str(staging))) >= 3  # the launcher and two ranks
+        caller.kill()  # SIGKILL: nothing in the caller runs, its launcher and ranks must still end
+        caller.wait(timeout=30)
+        _wait_for(lambda: not _processes_mentioning(str(staging)), 60, "the launcher and ranks to end")
+    finally:
+        if caller.poll() is None:
+            caller.kill()
+    assert _tree(out) == before, "a killed run touched the last good checkpoints"
+    assert (staging / "last.ckpt").is_file()
+    # the next run resumes the interrupted one (its last.ckpt, checked weights-only first) and then swaps it in
+    done = torch.load(staging / "last.ckpt", map_location="cpu", weights_only=True)["epoch"] + 1
+    resumed = train(_config(data_dir, out, strategy="ddp", max_epochs=done + 1, resume=True))
+    assert resumed.resumed_from and str(staging) in resumed.resumed_from and resumed.epochs == done + 1
+    assert not staging.exists() and _tree(out) != before
+
+
+def test_resume_refuses_a_checkpoint_that_is_more_than_tensors(data_dir: Path, tmp_path: Path,
+                                                              finished_ddp: tuple[Path, TrainSummary]) -> None:
+    """A checkpoint pulled from elsewhere is code to Lightning's full unpickle: refused before that."""
+    out = tmp_path / "ckpt"
+    shutil.copytree(finished_ddp[0], out)
+    before = _tree(out)
+    staging = staging_dir(_config(data_dir, out))
+    staging.mkdir()
+    torch.save({"state_dict": {}, "payload": logging.getLogger("x")}, staging / "last.ckpt")  # a pickled object
+    with pytest.raises(StageError) as err:
+        train(_config(data_dir, out, strategy="ddp", max_epochs=2, resume=True))
+    assert "weights_only=True" in str(err.value) and "last.ckpt" in str(err.value)
+    assert _tree(out) == before
 
 
 def test_missing_inputs_and_resume_without_checkpoint_are_refused(tmp_path: Path, data_dir: Path) -> None:
     with pytest.raises(StageError, match="train.parquet is missing; run `python -m tasks validate` first"):
         train(_config(tmp_path / "nothing", tmp_path / "ckpt"))
-    with pytest.raises(StageError, match="last.ckpt does not exist; train once with resume false first"):
+    with pytest.raises(StageError, match="last.ckpt .a finished one. exists; train once with resume false first"):
         train(_config(data_dir, tmp_path / "ckpt", resume=True))
     with pytest.raises(StageError, match="num_nodes > 1 needs train.master_port"):
         train(_config(data_dir, tmp_path / "ckpt", num_nodes=2))
@@ -262,8 +339,9 @@ def test_a_cancelled_caller_takes_its_ranks_down(data_dir: Path, tmp_path: Path)
                               stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
+        staging = staging_dir(cfg)
         while time.monotonic() < deadline:  # wait until both ranks run
-            ranks = [p for p in _processes_mentioning(str(out)) if "fusion_model.fit" in p.info["cmdline"]]
+            ranks = [p for p in _processes_mentioning(str(staging)) if "fusion_model.fit" in p.info["cmdline"]]
             if len(ranks) >= 3:  # the launcher and two ranks
                 break
             time.sleep(0.5)
@@ -276,4 +354,4 @@ def test_a_cancelled_caller_takes_its_ranks_down(data_dir: Path, tmp_path: Path)
             caller.kill()
     assert caller.returncode != 0
     assert "stopping the training processes" in stderr
-    assert _processes_mentioning(str(out)) == []
+    assert _processes_mentioning(str(staging)) == []

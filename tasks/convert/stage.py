@@ -3,12 +3,13 @@
 Runs after the training process group has exited, in one process: the ZeRO shards of every rank are
 complete and nothing else writes them. The stage
 - checks the shard count against the world size the checkpoint records (a missing shard is named);
-- streams the consolidated fp32 master weights tensor by tensor into a temporary file beside the output,
-  fsyncs it and `os.replace`s it, so a kill leaves either the old file or the new one;
+- streams the consolidated fp32 master weights tensor by tensor into a temporary folder beside the output,
+  with the model config and the manifest, and swaps that folder in whole (one atomic exchange), so a kill
+  leaves the old folder or the new one, never new weights beside an old config;
 - never writes to the checkpoint folder;
 - skips the work when the manifest already records the same source files (by sha256) and the output still
   matches its recorded hash;
-- holds a file lock in the output folder, so a second run started at the same time waits, then skips;
+- holds a file lock beside the output folder, so a second run started at the same time waits, then skips;
 - verifies the result: the file's keys, shapes and dtypes load with `strict=True` into the model built
   from `model_config.json`, and every weight is finite; the output's sha256 is taken from the bytes as
   they are written.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -40,7 +42,8 @@ from fusion_model.layout import (
     TRAIN_SUMMARY,
     WEIGHTS,
 )
-from tasks._io.files import copy_file, publish, read_json, stale_temps, temp_path_beside, write_json
+from tasks._io.files import read_json, write_json
+from tasks._io.folders import recover_dir, swap_dir, temp_dir_beside
 from tasks._io.git import code_version
 from tasks._io.hashing import sha256_file
 from tasks.convert.safetensors_writer import write_safetensors
@@ -120,14 +123,6 @@ def _same_sizes(manifest_path: Path, files: tuple[Path, ...], root: Path) -> boo
     return [(r.get("path"), r.get("bytes")) for r in recorded] == current
 
 
-def _remove_stale_temps(out_dir: Path) -> list[str]:
-    """Temporary files of runs that were killed; safe to delete while we hold the lock."""
-    stale = [t for name in (WEIGHTS, CONVERSION_MANIFEST, MODEL_CONFIG) for t in stale_temps(out_dir / name)]
-    for path in stale:
-        path.unlink(missing_ok=True)
-    return [p.name for p in stale]
-
-
 def convert(
     p: ConvertParams,
     build_model: ModelBuilder | None = None,
@@ -149,7 +144,7 @@ def convert(
             f"{checkpoint}: no such checkpoint (a file for ddp/ddp_spawn, a folder for DeepSpeed). Run the "
             "train stage first, or set `convert.checkpoint_dir` to the folder holding it."
         )
-    p.out_dir.mkdir(parents=True, exist_ok=True)
+    p.out_dir.parent.mkdir(parents=True, exist_ok=True)
     # beside the output folder, not in it: the folder is a versioned output and holds only the model
     lock_path = p.out_dir.parent / f".{p.out_dir.name}{LOCK_FILE}"
     try:
@@ -174,7 +169,7 @@ def _convert_locked(
     started: float,
 ) -> ConvertSummary:
     out_dir = p.out_dir
-    _remove_stale_temps(out_dir)
+    recover_dir(out_dir)  # leftovers of a killed conversion (a half-written folder beside this one)
     source = plan_source(checkpoint)  # checks the shard set before anything is hashed or written
     hashed = [*source.files, config_path]
     model_file, manifest_path = out_dir / WEIGHTS, out_dir / CONVERSION_MANIFEST
@@ -198,48 +193,52 @@ def _convert_locked(
                                 existing["output"], started)
 
         plans = rename_for_model(source.tensors, p.model_prefix, checkpoint)
-        metadata = {"format": "pt", "source": str(checkpoint.resolve())}
-        tmp = temp_path_beside(model_file)
+        # the checkpoint's name, not its path: the same weights give the same bytes in any clone
+        metadata = {"format": "pt", "source": p.checkpoint_name}
+        staged = temp_dir_beside(out_dir)
         try:
-            written = write_safetensors(tmp, plans, metadata, on_tensor)
+            written = write_safetensors(staged / WEIGHTS, plans, metadata, on_tensor)
             if written.non_finite:
                 raise StageError(
                     f"{checkpoint}: {len(written.non_finite)} tensor(s) hold NaN or inf "
                     f"({', '.join(written.non_finite[:5])}): training diverged. Lower the learning rate or use "
                     "fp32/bf16 precision and re-run training; nothing was written."
                 )
-            verification = verify_strict(tmp, config, build_model, config_path)
+            verification = verify_strict(staged / WEIGHTS, config, build_model, config_path)
             source_identity = identity()
-            publish(tmp, model_file)
+            shutil.copyfile(config_path, staged / MODEL_CONFIG)
+            output = {
+                "file": WEIGHTS,
+                "sha256": written.sha256,
+                "bytes": written.file_bytes,
+                "data_bytes": written.data_bytes,
+                "tensors": len(plans),
+                "parameters": verification["parameters"],
+                "dtype": "float32",
+                # what evaluate and promote check before they trust the folder: these two files belong together
+                "model_config_sha256": source_identity["model_config_sha256"],
+            }
+            manifest = {
+                "created_at": datetime.now(UTC).isoformat(),
+                "code_version": code_version(),
+                "identity": source_identity,
+                "source": {
+                    "checkpoint": str(checkpoint),
+                    "kind": source.kind,
+                    "tag": source.tag,
+                    "zero_stage": source.zero_stage,
+                    "world_size": source.world_size,
+                    "train_summary": {k: v for k, v in train_summary.items() if k != "history"},
+                },
+                "output": output,
+                "verification": {**verification, "all_finite": True},
+                "seconds": round(time.perf_counter() - started, 3),
+            }
+            write_json(staged / CONVERSION_MANIFEST, manifest)
+            # the three files replace the folder together: new weights never meet an old config
+            swap_dir(staged, out_dir)
         finally:
-            tmp.unlink(missing_ok=True)
-    copy_file(config_path, out_dir / MODEL_CONFIG)
-    output = {
-        "file": WEIGHTS,
-        "sha256": written.sha256,
-        "bytes": written.file_bytes,
-        "data_bytes": written.data_bytes,
-        "tensors": len(plans),
-        "parameters": verification["parameters"],
-        "dtype": "float32",
-    }
-    manifest = {
-        "created_at": datetime.now(UTC).isoformat(),
-        "code_version": code_version(),
-        "identity": source_identity,
-        "source": {
-            "checkpoint": str(checkpoint.resolve()),
-            "kind": source.kind,
-            "tag": source.tag,
-            "zero_stage": source.zero_stage,
-            "world_size": source.world_size,
-            "train_summary": {k: v for k, v in train_summary.items() if k != "history"},
-        },
-        "output": output,
-        "verification": {**verification, "all_finite": True},
-        "seconds": round(time.perf_counter() - started, 3),
-    }
-    write_json(manifest_path, manifest)
+            shutil.rmtree(staged, ignore_errors=True)
     kind = f"ZeRO stage {source.zero_stage}, {source.world_size} ranks" if source.zero_stage else source.kind
     return _summary(True, f"converted {checkpoint} ({kind}) into {model_file}", p, source, output, started)
 

@@ -25,15 +25,9 @@ from typing import Any
 
 import torch
 
+from fusion_model import safe_load
 from tasks.errors import StageError
 
-# DeepSpeed pickles these small objects beside the tensors; everything else must be weights_only-safe.
-_DEEPSPEED_GLOBALS = (
-    "deepspeed.runtime.zero.config.ZeroStageEnum",
-    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
-    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
-    "deepspeed.utils.tensor_fragment.fragment_address",
-)
 _OPTIM_RE = re.compile(r"^(?P<prefix>(?:bf16_|fp16_)?)zero_pp_rank_(?P<rank>\d+)_mp_rank_(?P<mp>\d+)_optim_states\.pt$")
 _MODEL_RE = re.compile(r"^zero_pp_rank_(?P<rank>\d+)_mp_rank_(?P<mp>\d+)_model_states\.pt$")
 
@@ -83,31 +77,12 @@ def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def _deepspeed_globals() -> list[Any]:
-    import importlib
-
-    found = []
-    for dotted in _DEEPSPEED_GLOBALS:
-        module, _, name = dotted.rpartition(".")
-        found.append(getattr(importlib.import_module(module), name))
-    return found
-
-
 def load_meta(path: Path) -> Any:
-    """The pickled structure of a torch file, tensors as meta tensors that remember their file offset."""
+    """`fusion_model.safe_load.load_meta`, its refusal as a StageError."""
     try:
-        with torch.serialization.safe_globals(_deepspeed_globals()):
-            return torch.load(path, map_location="meta", weights_only=True)
-    except FileNotFoundError:
-        raise StageError(f"{path}: missing. Re-run training to write a complete checkpoint.") from None
-    except Exception as e:  # UnpicklingError for unknown globals, RuntimeError for a truncated zip
-        reason = str(e).strip().splitlines()
-        detail = next((line.strip() for line in reason if "Unsupported global" in line), reason[-1] if reason else "")
-        raise StageError(
-            f"{path}: cannot be read as a torch checkpoint with weights_only=True ({detail}). The file is "
-            "truncated, corrupt, or holds objects other than tensors and DeepSpeed's known metadata; "
-            "re-run training to rewrite it."
-        ) from None
+        return safe_load.load_meta(path)
+    except safe_load.UnsafeCheckpoint as e:
+        raise StageError(str(e)) from None
 
 
 def piece_of(tensor: torch.Tensor, file: Path, what: str) -> Piece:

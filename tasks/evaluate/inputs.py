@@ -7,25 +7,53 @@ from typing import Any
 
 import pandas as pd
 
-from fusion_model.layout import MODEL_FILES
+from fusion_model.layout import CONVERSION_MANIFEST, MODEL_CONFIG, MODEL_FILES, WEIGHTS
 from tasks._io.files import read_json
+from tasks._io.hashing import sha256_file
 from tasks.errors import StageError
 
 
-def check_model_dir(model_dir: Path) -> None:
-    """Refuse a model folder that is not a complete conversion output, naming what is missing."""
+def missing_model_files(model_dir: Path) -> str | None:
+    """Why `model_dir` is not a complete conversion output (a file missing), or None."""
     if not model_dir.is_dir():
-        raise StageError(
-            f"{model_dir}: no model folder. Run `python -m tasks convert` to write model.safetensors, "
-            "model_config.json and manifest.json there from the training checkpoint."
-        )
+        return (f"{model_dir}: no model folder. Run `python -m tasks convert` to write model.safetensors, "
+                "model_config.json and manifest.json there from the training checkpoint.")
     missing = [name for name in MODEL_FILES if not (model_dir / name).is_file()]
     if missing:
-        raise StageError(
-            f"{model_dir}: missing {', '.join(missing)}; the folder is not a complete converted model. "
-            "Run `python -m tasks convert` (it writes model.safetensors, model_config.json and manifest.json "
-            "together) and evaluate again."
-        )
+        return (f"{model_dir}: missing {', '.join(missing)}; the folder is not a complete converted model. "
+                "Run `python -m tasks convert` (it writes model.safetensors, model_config.json and manifest.json "
+                "together) and evaluate again.")
+    return None
+
+
+def model_dir_problem(model_dir: Path) -> str | None:
+    """Why `model_dir` cannot be trusted, or None: every file present, and the weights and config the very
+    ones its manifest recorded when the conversion verified them (strict load, all finite)."""
+    missing = missing_model_files(model_dir)
+    if missing:
+        return missing
+    manifest_path = model_dir / CONVERSION_MANIFEST
+    fix = "re-run `python -m tasks convert`"
+    try:
+        manifest = read_json(manifest_path, fix)
+    except StageError as e:
+        return str(e)
+    verification, output = manifest.get("verification") or {}, manifest.get("output") or {}
+    if not (verification.get("strict_load") is True and verification.get("all_finite") is True):
+        return f"{manifest_path} does not record a passed verification; {fix}"
+    if output.get("sha256") != sha256_file(model_dir / WEIGHTS):
+        return f"{model_dir / WEIGHTS} is not the file its manifest verified (sha256 differs); {fix}"
+    if output.get("model_config_sha256") != sha256_file(model_dir / MODEL_CONFIG):
+        return (f"{model_dir / MODEL_CONFIG} is not the config its manifest verified with these weights "
+                f"(sha256 differs, or an older manifest without it); {fix}")
+    return None
+
+
+def check_model_dir(model_dir: Path) -> None:
+    """Refuse a model folder that is incomplete or not what its conversion verified, naming why."""
+    problem = model_dir_problem(model_dir)
+    if problem:
+        raise StageError(problem)
 
 
 def load_test_set(data_dir: Path) -> tuple[pd.DataFrame, dict[str, Any], Path]:

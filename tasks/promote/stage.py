@@ -23,12 +23,12 @@ import numpy as np
 from filelock import FileLock, Timeout
 from pydantic import BaseModel
 
-from fusion_model.layout import CONVERSION_MANIFEST, MODEL_FILES, WEIGHTS
+from fusion_model.layout import MODEL_FILES, WEIGHTS
 from tasks._io.files import read_json
 from tasks._io.folders import recover_dir, swap_dir, temp_dir_beside
 from tasks._io.hashing import sha256_file
 from tasks.errors import StageError
-from tasks.evaluate.inputs import check_model_dir, load_predictor, load_test_set
+from tasks.evaluate.inputs import load_predictor, load_test_set, missing_model_files, model_dir_problem
 from tasks.evaluate.metrics import fingerprint_test_set, primary_score
 from tasks.params import PromoteParams
 
@@ -69,7 +69,9 @@ def _metric_of(metrics: dict[str, Any], path: Path, fix: str) -> tuple[str, floa
 
 def read_challenger(p: PromoteParams) -> dict[str, Any]:
     """The challenger's metrics.json, refused unless it is the evaluation of exactly this model file."""
-    check_model_dir(p.model_dir)
+    missing = missing_model_files(p.model_dir)
+    if missing:
+        raise StageError(missing)
     metrics_path = p.eval_dir / "metrics.json"
     fix = "Run `python -m tasks evaluate` on this model first."
     metrics = read_json(metrics_path, fix)
@@ -101,20 +103,9 @@ def validation_status(report: Path) -> tuple[bool, str]:
 
 
 def conversion_status(model_dir: Path) -> tuple[bool, str]:
-    """Whether convert verified this exact file (strict load, all finite), from its manifest.json."""
-    try:
-        manifest = json.loads((model_dir / CONVERSION_MANIFEST).read_text())
-    except json.JSONDecodeError as e:
-        return False, f"{model_dir / CONVERSION_MANIFEST} is not valid JSON ({e}); re-run `python -m tasks convert`"
-    verification = manifest.get("verification") or {}
-    if not (verification.get("strict_load") is True and verification.get("all_finite") is True):
-        return False, f"{model_dir / CONVERSION_MANIFEST} does not record a passed verification; re-run convert"
-    if (manifest.get("output") or {}).get("sha256") != sha256_file(model_dir / WEIGHTS):
-        return False, (
-            f"{model_dir / WEIGHTS} is not the file its manifest verified (sha256 differs); "
-            "re-run `python -m tasks convert`"
-        )
-    return True, "conversion verified"
+    """Whether convert verified exactly these files (strict load, all finite), from its manifest.json."""
+    problem = model_dir_problem(model_dir)
+    return (False, problem) if problem else (True, "conversion verified")
 
 
 def baseline_status(metrics: dict[str, Any], path: Path) -> tuple[bool, str]:

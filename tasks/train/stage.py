@@ -16,6 +16,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -26,8 +27,11 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from fusion_model.config import TrainConfig, processes_per_node
-from fusion_model.layout import BEST_CHECKPOINT, LAST_CHECKPOINT, TRAIN_SUMMARY
+from fusion_model.layout import LAST_CHECKPOINT, TRAIN_SUMMARY
+from tasks._io.files import write_text
+from tasks._io.folders import recover_dir, swap_dir
 from tasks._io.ports import free_port
+from tasks._io.processes import preexec_die_with_parent
 from tasks.errors import StageError
 from tasks.train.process_tree import ProcessTree, sigterm_raises
 
@@ -93,6 +97,13 @@ def node_processes(p: TrainConfig) -> int:
     return processes_per_node(p.devices, gpus)
 
 
+def staging_dir(p: TrainConfig) -> Path:
+    """Where a run trains until it succeeds: beside out_dir, hidden, one per out_dir. It survives a failed or
+    killed run (its last.ckpt is what `resume` continues) and becomes out_dir in one rename on success."""
+    out_dir = Path(p.out_dir)
+    return out_dir.parent / f".{out_dir.name}.staging"
+
+
 def _check_inputs(p: TrainConfig) -> None:
     for name in ("train.parquet", "val.parquet", "meta.json"):
         if not (Path(p.data_dir) / name).is_file():
@@ -100,23 +111,33 @@ def _check_inputs(p: TrainConfig) -> None:
                 f"{Path(p.data_dir) / name} is missing; run `python -m tasks validate` first "
                 "(or point train.data_dir at a validated folder)"
             )
-    if p.resume and not (Path(p.out_dir) / LAST_CHECKPOINT).exists():
-        raise StageError(
-            f"resume: {Path(p.out_dir) / LAST_CHECKPOINT} does not exist; train once with resume false first"
-        )
     if p.num_nodes > 1 and p.master_port is None:
         raise StageError("num_nodes > 1 needs train.master_port (and master_addr) shared by every node")
 
 
-def _clear_previous_outputs(out_dir: Path) -> None:
-    """A fresh run must not leave an older run's shards next to its own (a ZeRO folder written by more
-    ranks would keep extra shard files and make the conversion refuse or mix runs)."""
-    for name in (BEST_CHECKPOINT, LAST_CHECKPOINT, TRAIN_SUMMARY):
-        path = out_dir / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        elif path.exists() or path.is_symlink():
-            path.unlink()
+def _prepare_staging(p: TrainConfig, staging: Path) -> str | None:
+    """Make `staging` ready for this run; returns what it resumes from (None for a fresh run).
+
+    A fresh run starts from an empty staging folder (a ZeRO folder written by more ranks would otherwise
+    keep extra shard files). `resume` continues the interrupted run in staging if there is one, else the
+    last finished run (out_dir, copied into staging so out_dir stays as it is until this run succeeds).
+    """
+    out_dir = Path(p.out_dir)
+    if not p.resume:
+        if p.node_rank == 0:
+            shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True, exist_ok=True)
+        return None
+    if (staging / LAST_CHECKPOINT).exists():
+        return f"the interrupted run in {staging}"
+    if (out_dir / LAST_CHECKPOINT).exists():
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(out_dir, staging, symlinks=True)
+        return f"the finished run in {out_dir}"
+    raise StageError(
+        f"resume: neither {staging / LAST_CHECKPOINT} (an interrupted run) nor {out_dir / LAST_CHECKPOINT} "
+        "(a finished one) exists; train once with resume false first"
+    )
 
 
 def _is_loopback(host: str) -> bool:
@@ -158,28 +179,37 @@ def _environment(p: TrainConfig, port: int) -> dict[str, str]:
 
 
 def train(p: TrainConfig, logger: logging.Logger | logging.LoggerAdapter | None = None) -> TrainSummary:
+    """Train into the staging folder; on success it replaces `p.out_dir` whole (node 0 only), so a failed
+    or killed run leaves the last good checkpoints where they were."""
     logger = logger or _default_logger()
     _check_inputs(p)
-    out_dir = Path(p.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if not p.resume and p.node_rank == 0:
-        _clear_previous_outputs(out_dir)
+    out_dir, staging = Path(p.out_dir), staging_dir(p)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    recover_dir(out_dir)  # a crash between the two renames of an earlier swap
+    resuming = _prepare_staging(p, staging)
+    if resuming:
+        logger.info("train: resuming %s", resuming)
     nproc = node_processes(p)
     port = p.master_port or free_port()
-    config_path = out_dir / (CONFIG_NAME if p.node_rank == 0 else f"train_config.node{p.node_rank}.json")
-    resolved = p.model_copy(update={"devices": nproc})
-    config_path.write_text(resolved.model_dump_json(indent=2))
+    config_path = staging / (CONFIG_NAME if p.node_rank == 0 else f"train_config.node{p.node_rank}.json")
+    resolved = p.model_copy(update={"devices": nproc, "out_dir": staging})
+    write_text(config_path, resolved.model_dump_json(indent=2))
     cmd = build_command(resolved, config_path, nproc, port)
     logger.info("train: %s x %d process(es) on node %d/%d: %s", p.strategy, nproc, p.node_rank, p.num_nodes,
                 " ".join(cmd))
 
     env = _environment(p, port)
     with sigterm_raises():
-        return _launch(p, cmd, env, out_dir, logger)
+        summary = _launch(p, cmd, env, staging, logger)
+    if p.node_rank == 0:
+        swap_dir(staging, out_dir)
+    summary.out_dir = str(out_dir)
+    return summary
 
 
 def _launch(p: TrainConfig, cmd: list[str], env: dict[str, str], out_dir: Path,
             logger: logging.Logger | logging.LoggerAdapter) -> TrainSummary:
+    """Run `cmd` (the ranks write into `out_dir`, the staging folder) and read the summary it wrote."""
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     errors: list[str] = []  # exception lines of the ranks: the launcher's own summary comes last
     started = time.monotonic()
@@ -187,6 +217,7 @@ def _launch(p: TrainConfig, cmd: list[str], env: dict[str, str], out_dir: Path,
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
         env=env, start_new_session=True,  # its own group: the caller's Ctrl-C does not hit the ranks twice
+        preexec_fn=preexec_die_with_parent(signal.SIGTERM),  # a killed caller takes the launcher down too
     )
     # Every rank holds the pipe open: once the launcher exits, whatever it left (a rank stuck in a
     # collective, a dataloader worker) is ended, so the pipe closes and reading ends.
@@ -222,6 +253,5 @@ def _launch(p: TrainConfig, cmd: list[str], env: dict[str, str], out_dir: Path,
         raise StageError(f"training exited cleanly but wrote no {summary_path}; see {log_path}")
     summary = TrainSummary.model_validate_json(summary_path.read_text())
     summary.wall_s = round(time.monotonic() - started, 2)
-    summary.out_dir = str(out_dir)
     logger.info("train: done in %.1f s, best %s %s", summary.wall_s, summary.monitor, summary.best_score)
     return summary

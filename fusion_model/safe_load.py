@@ -1,0 +1,62 @@
+"""Read torch checkpoint files with ``weights_only=True``: tensors and plain data, never code.
+
+A full unpickle runs whatever the file names, so a checkpoint from elsewhere (a shared DVC remote) is
+code. Everything here loads with ``weights_only=True``; DeepSpeed's shards carry a few small objects of
+its own, allowed by name. Tensors come back on the meta device: structure and file offsets, no memory.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# DeepSpeed pickles these small objects beside the tensors; everything else must be weights_only-safe.
+DEEPSPEED_GLOBALS = (
+    "deepspeed.runtime.zero.config.ZeroStageEnum",
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+    "deepspeed.utils.tensor_fragment.fragment_address",
+)
+
+
+class UnsafeCheckpoint(ValueError):
+    """A checkpoint file is missing, damaged, or holds more than tensors and known metadata."""
+
+
+def _deepspeed_globals() -> list[Any]:
+    found = []
+    for dotted in DEEPSPEED_GLOBALS:
+        module, _, name = dotted.rpartition(".")
+        found.append(getattr(importlib.import_module(module), name))
+    return found
+
+
+def load_meta(path: Path) -> Any:
+    """The pickled structure of a torch file, tensors as meta tensors that remember their file offset."""
+    try:
+        with torch.serialization.safe_globals(_deepspeed_globals()):
+            return torch.load(path, map_location="meta", weights_only=True)
+    except FileNotFoundError:
+        raise UnsafeCheckpoint(f"{path}: missing. Re-run training to write a complete checkpoint.") from None
+    except Exception as e:  # UnpicklingError for unknown globals, RuntimeError for a truncated zip
+        reason = str(e).strip().splitlines()
+        detail = next((line.strip() for line in reason if "Unsupported global" in line), reason[-1] if reason else "")
+        raise UnsafeCheckpoint(
+            f"{path}: cannot be read as a torch checkpoint with weights_only=True ({detail}). The file is "
+            "truncated, corrupt, or holds objects other than tensors and DeepSpeed's known metadata; "
+            "re-run training to rewrite it."
+        ) from None
+
+
+def check_checkpoint(checkpoint: Path) -> list[Path]:
+    """Load every torch file of a checkpoint (a Lightning file, or each `*.pt` of a DeepSpeed folder) with
+    weights_only=True; returns the files. Raises UnsafeCheckpoint naming the first file that fails."""
+    files = sorted(checkpoint.rglob("*.pt")) if checkpoint.is_dir() else [checkpoint]
+    if not files:
+        raise UnsafeCheckpoint(f"{checkpoint}: no checkpoint files inside; re-run training to write one.")
+    for file in files:
+        load_meta(file)
+    return files
