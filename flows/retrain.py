@@ -34,7 +34,7 @@ from pydantic import BaseModel, ValidationError
 from flows.artifacts import conversion_markdown, run_manifest_markdown, training_markdown
 from flows.overrides import ParamOverrides, overrides_dict, parse_set, resolve_params
 from tasks._io.files import read_json_if_present
-from tasks.errors import StageError
+from tasks.errors import StageError, TransientError
 from tasks.params import (
     ConvertParams,
     DownloadParams,
@@ -50,18 +50,25 @@ from tasks.params import (
 RUN_LOG_NAME = "flow_runs.jsonl"
 
 
+# A network outage outlasting tenacity's few seconds of retries inside the download: try again minutes
+# later (a 2-minute outage is over by the second retry).
+DOWNLOAD_RETRY_DELAYS_S = [30, 120, 300]
+
+
 def _transient(task: Any, task_run: Any, state: Any) -> bool:
-    """Retry the download unless it refused its input (StageError: bad checksum, unsafe zip, bad URL)."""
+    """Retry the download only for a TransientError (network down, 5xx, timeouts); a refused input (a bad
+    checksum, an unsafe zip, a 4xx) or a bug is never retried."""
     try:
         state.result()
-    except (StageError, ParamsError):
-        return False
-    except Exception:
+    except TransientError:
         return True
+    except Exception:
+        return False
     return False
 
 
-@task(name="download", retries=2, retry_delay_seconds=[10, 60], retry_condition_fn=_transient, cache_policy=NO_CACHE)
+@task(name="download", retries=len(DOWNLOAD_RETRY_DELAYS_S), retry_delay_seconds=DOWNLOAD_RETRY_DELAYS_S,
+      retry_condition_fn=_transient, cache_policy=NO_CACHE)
 def download_task(params: DownloadParams) -> Any:
     from tasks.download import download
 

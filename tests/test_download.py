@@ -8,91 +8,33 @@ import json
 import stat
 import subprocess
 import sys
-import threading
-import time
 import zipfile
-from collections import Counter
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import yaml
+from zip_server import ZipServer, zip_of
 
 from fusion_model import schema
 from tasks.download import download
-from tasks.errors import StageError
+from tasks.errors import StageError, TransientError
 from tasks.params import DownloadParams, SyntheticParams
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-class ZipServer:
-    """Serves `routes` (path -> bytes); `faults[path]` is a queue of failures to play before serving."""
-
-    def __init__(self) -> None:
-        self.routes: dict[str, bytes] = {}
-        self.faults: dict[str, list[str | int]] = {}
-        self.hits: Counter[str] = Counter()
-        self._lock = threading.Lock()
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:  # keep test output clean
-                pass
-
-            def do_GET(self) -> None:
-                with server._lock:
-                    server.hits[self.path] += 1
-                    queue = server.faults.get(self.path, [])
-                    fault = queue.pop(0) if queue else None
-                body = server.routes.get(self.path)
-                if isinstance(fault, int):
-                    self.send_error(fault)
-                elif body is None:
-                    self.send_error(404)
-                elif fault == "slow":  # longer than the client's read timeout
-                    time.sleep(4.0)
-                    self.send_error(500)
-                elif fault == "short":  # promise the whole body, send half, hang up
-                    self.send_response(200)
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body[: len(body) // 2])
-                    self.close_connection = True
-                else:
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/zip")
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
-
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}{path}"
-
-
 @pytest.fixture
 def server() -> Iterator[ZipServer]:
-    s = ZipServer()
-    s.thread.start()
+    s = ZipServer().start()
     yield s
-    s.httpd.shutdown()
-    s.httpd.server_close()
-    s.thread.join(5)
+    s.stop()
 
 
 @pytest.fixture(scope="session")
 def tutorial_zip(tiny_raw_dataset: Path) -> bytes:
     """The tiny dataset zipped like the tutorial: members under `petfinder_for_tutorial/`."""
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
-        for path in sorted(tiny_raw_dataset.rglob("*")):
-            zf.write(path, f"{schema.DATASET_DIRNAME}/{path.relative_to(tiny_raw_dataset).as_posix()}")
-    return buf.getvalue()
+    return zip_of(tiny_raw_dataset)
 
 
 def _zip_with(member: zipfile.ZipInfo, data: bytes = b"x") -> bytes:
@@ -191,14 +133,15 @@ def test_short_body_and_read_timeout_are_retried(server: ZipServer, tutorial_zip
 def test_persistent_5xx_gives_up_after_max_attempts(server: ZipServer, tutorial_zip: bytes, tmp_path: Path) -> None:
     server.routes["/petfinder.zip"] = tutorial_zip
     server.faults["/petfinder.zip"] = [502, 503, 500, 504]
-    with pytest.raises(StageError, match=r"HTTP 500 .* on all 3 attempts.*download.max_attempts"):
+    with pytest.raises(TransientError, match=r"HTTP 500 .* on all 3 attempts.*download.max_attempts"):
         download(_params(server.url("/petfinder.zip"), tmp_path / "raw", max_attempts=3))
     assert server.hits["/petfinder.zip"] == 3
 
 
 def test_404_fails_fast_without_retry(server: ZipServer, tmp_path: Path) -> None:
-    with pytest.raises(StageError, match=r"HTTP 404 .*not retried.*download.url"):
+    with pytest.raises(StageError, match=r"HTTP 404 .*not retried.*download.url") as refused:
         download(_params(server.url("/missing.zip"), tmp_path / "raw"))
+    assert not isinstance(refused.value, TransientError)  # a refusal: the flow never retries it
     assert server.hits["/missing.zip"] == 1
     assert not (tmp_path / "raw").exists()
 
@@ -207,7 +150,7 @@ def test_unreachable_server_names_url_and_fix(tmp_path: Path) -> None:
     s = ZipServer()  # bound but never serving, then closed: the port refuses connections
     url = s.url("/petfinder.zip")
     s.httpd.server_close()
-    with pytest.raises(StageError, match=r"gave up after attempt 2/2.*download.source: synthetic") as e:
+    with pytest.raises(TransientError, match=r"gave up after attempt 2/2.*download.source: synthetic") as e:
         download(_params(url, tmp_path / "raw", max_attempts=2))
     assert url in str(e.value)
 

@@ -31,7 +31,7 @@ from flows.retrain import (
     validate_task,
     version_task,
 )
-from tasks.errors import StageError
+from tasks.errors import StageError, TransientError
 from tasks.params import ParamsError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,11 +90,12 @@ def test_main_refuses_bad_overrides_before_starting_prefect(capsys: pytest.Captu
 
 
 def test_only_the_download_retries_and_only_for_transient_failures() -> None:
-    assert download_task.retries == 2
+    assert download_task.retries == 3 and sum(download_task.retry_delay_seconds) >= 120
     for step in (validate_task, train_task, convert_task, evaluate_task, version_task, promote_task):
         assert step.retries == 0, step.name
-    assert _transient(download_task, None, Failed(data=ConnectionError("reset by peer"))) is True
+    assert _transient(download_task, None, Failed(data=TransientError("HTTP 503 on all 5 attempts"))) is True
     assert _transient(download_task, None, Failed(data=StageError("sha256 mismatch"))) is False
+    assert _transient(download_task, None, Failed(data=OSError("No space left on device"))) is False
 
 
 def test_training_artifact_puts_strategy_world_size_and_throughput_first() -> None:
@@ -156,6 +157,38 @@ def _artifacts(flow_state) -> dict[str, object]:
     with get_client(sync_client=True) as client:
         found = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
     return {a.key: a for a in found}
+
+
+@pytest.mark.slow
+def test_the_download_task_retries_an_outage_and_never_a_refusal(
+        temporary_prefect_server: None, tiny_raw_dataset: Path, tmp_path: Path) -> None:
+    """Through the real download against a real server: 503s outlasting the download's own attempts are
+    a TransientError, which the Prefect task retries (here without its minutes of delay); a 404 is not."""
+    from prefect import flow
+    from zip_server import ZipServer, zip_of
+
+    from tasks.params import DownloadParams
+
+    server = ZipServer().start()
+    try:
+        server.routes["/petfinder.zip"] = zip_of(tiny_raw_dataset)
+        server.faults["/petfinder.zip"] = [503, 503, 503, 503]  # two task runs of two attempts each
+        quick = download_task.with_options(retry_delay_seconds=[0.2, 0.2, 0.2])
+
+        @flow(name="download-retries")
+        def fetch(path: str) -> object:
+            return quick(DownloadParams(source="url", url=server.url(path), out_dir=tmp_path / path.strip("/"),
+                                        max_attempts=2, backoff_s=0.01, timeout_s=10))
+
+        state = fetch("/petfinder.zip", return_state=True)
+        assert state.is_completed(), state.message
+        assert _task_states(state) == {"download": ["COMPLETED:3"]}  # failed twice, retried by Prefect
+        assert server.hits["/petfinder.zip"] == 5
+        refused = fetch("/missing.zip", return_state=True)
+        assert refused.is_failed() and _task_states(refused) == {"download": ["FAILED:1"]}
+        assert server.hits["/missing.zip"] == 1
+    finally:
+        server.stop()
 
 
 @pytest.mark.slow

@@ -2,7 +2,9 @@
 
 Transient: HTTP 500/502/503/504, connect and read timeouts, connection resets and bodies cut short.
 Anything else (4xx, 501, bad URL, TLS errors) fails at once: retrying cannot fix it. Retries and their
-exponential backoff are tenacity's, so every attempt starts a fresh file and a fresh hash.
+exponential backoff are tenacity's, so every attempt starts a fresh file and a fresh hash. When the
+transient failures outlast them, `TransientError` says so, and the caller (the Prefect task) may try
+again minutes later; a refusal is a plain `StageError`, never retried.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from tenacity import (
 )
 from tqdm import tqdm
 
-from tasks.errors import StageError
+from tasks.errors import StageError, TransientError
 
 log = logging.getLogger(__name__)
 
@@ -83,13 +85,14 @@ def fetch(url: str, dest: Path, timeout_s: float, max_attempts: int, backoff_s: 
                     attempts += 1
                     digest, size = _stream_once(session, url, dest, timeout_s)
         except TransientStatus as e:
-            raise StageError(
+            raise TransientError(
                 f"GET {url}: {e} on all {attempts} attempts; the server is failing. Try again later, or raise "
                 "download.max_attempts / download.backoff_s in params.yaml."
             ) from None
         except requests.RequestException as e:
-            what = "gave up after" if _is_transient(e) else "failed (not retried) on"
-            raise StageError(
+            transient = _is_transient(e)
+            what = "gave up after" if transient else "failed (not retried) on"
+            raise (TransientError if transient else StageError)(
                 f"GET {url}: {what} attempt {attempts}/{max_attempts}: {type(e).__name__}: {e}. Check the "
                 "network and download.url, or set download.source: synthetic to use the embedded dataset."
             ) from None
