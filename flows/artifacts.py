@@ -52,8 +52,11 @@ def run_manifest_markdown(manifest_path: Path, summary: Mapping[str, Any]) -> st
         f"- git rev: `{summary.get('git_rev')}`" + (" (uncommitted changes)" if summary.get("git_dirty") else ""),
         f"- DVC remote: `{summary.get('remote')}`, pushed: {summary.get('pushed')}",
     ]
-    if summary.get("recorded_params"):
-        lines.append(f"- params.yaml updated with this run's values: {', '.join(summary['recorded_params'])}")
+    if summary.get("overridden"):
+        lines.append(f"- overridden for this run only (params.yaml unchanged): {', '.join(summary['overridden'])}")
+    if summary.get("uncommitted_stages"):
+        lines.append(f"- not committed to dvc.lock (it keeps describing params.yaml): "
+                     f"{', '.join(summary['uncommitted_stages'])}")
     lines += ["", "| stage | output | md5 |", "|---|---|---|"]
     for stage, outs in (summary.get("outs") or {}).items():
         lines += [f"| {stage} | `{path}` | `{md5}` |" for path, md5 in outs.items()]

@@ -157,7 +157,7 @@ def version_task(params: VersionParams, effective: Params, run_id: str, extra: d
 def promote_task(params: PromoteParams, run_manifest: Path | None) -> Any:
     from tasks.promote import promote, render_decision_markdown
 
-    decision = promote(params)
+    decision = promote(params, run_manifest)  # a promoted model is kept with this run's manifest
     pointer = f"\n\nRun manifest: `{run_manifest}`\n" if run_manifest else "\n"
     create_markdown_artifact(
         key="retrain-promotion",

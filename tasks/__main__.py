@@ -2,6 +2,8 @@
 
 The stage reads its section of params.yaml; any scalar key of that section can be overridden on the
 command line (paths included), so dvc.yaml and people call the same function the Prefect flow calls.
+``python -m tasks champion list`` and ``python -m tasks champion rollback [--to VERSION]`` show and
+restore the promoted models kept under `promote.champion_dir`'s folder.
 """
 
 from __future__ import annotations
@@ -72,7 +74,31 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(stage, help=f"run the {stage} stage (params.yaml `{section}:`)")
         p.add_argument("--params", default="params.yaml", type=Path, help="params file (default params.yaml)")
         _add_overrides(p, section)
+    champion = sub.add_parser("champion", help="list the promoted models, or roll the champion back")
+    champion.add_argument("--params", default="params.yaml", type=Path, help="params file (default params.yaml)")
+    champion.add_argument("--champion-dir", type=Path, default=None, help="default: params.yaml promote.champion_dir")
+    action = champion.add_subparsers(dest="action", required=True, metavar="ACTION")
+    listing = action.add_parser("list", help="every promotion: version, sha256, score, run, data, code")
+    listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    back = action.add_parser("rollback", help="make an earlier promotion the champion again")
+    back.add_argument("--to", type=int, default=None, metavar="VERSION",
+                      help="the version to restore (default: the one promoted before the current champion)")
     return parser
+
+
+def run_champion(args: argparse.Namespace) -> Any:
+    from tasks.promote import registry
+
+    champion_dir = args.champion_dir or load_params(args.params).promote.champion_dir
+    if args.action == "rollback":
+        from tasks.promote import rollback
+
+        return rollback(champion_dir, args.to)
+    rows = registry.listing(champion_dir)
+    if args.json:
+        return rows
+    print(registry.render_listing(rows), end="")
+    return None
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -95,6 +121,14 @@ def run_stage(stage: str, params: Params) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.stage == "champion":
+        try:
+            result = run_champion(args)
+        except (StageError, ParamsError) as e:
+            print(f"error: champion {args.action}: {e}", file=sys.stderr)
+            return 1
+        _print_result(result)
+        return 0
     section = STAGES[args.stage][1]
     overrides = {k: _yaml_scalar(v) for k, v in _overrides(args).items()}
     try:
@@ -103,11 +137,15 @@ def main(argv: list[str] | None = None) -> int:
     except (StageError, ParamsError) as e:
         print(f"error: {args.stage}: {e}", file=sys.stderr)
         return 1
+    _print_result(result)
+    return 0
+
+
+def _print_result(result: Any) -> None:
     if isinstance(result, BaseModel):
         result = result.model_dump(mode="json")
     if result is not None:
         print(json.dumps(result, indent=2, default=str))
-    return 0
 
 
 if __name__ == "__main__":

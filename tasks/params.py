@@ -130,6 +130,9 @@ class VersionParams(_Section):
     stages: list[str] = ["download", "validate", "train", "convert", "evaluate"]
     remote: str | None = None  # None: the default remote of .dvc/config
     push: bool = True
+    # data, model and metrics are always pushed; the training checkpoints (optimizer shards: ~3x the
+    # weights) only when asked
+    push_checkpoints: bool = False
     manifest_dir: Path = Path("models/runs")
     params_file: Path = Path("params.yaml")
     lock_timeout_s: float = Field(1800, gt=0)

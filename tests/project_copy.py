@@ -112,7 +112,9 @@ def reproduced_project(dest: Path) -> dict[str, Any]:
     root = make_project(dest)
     started = time.monotonic()
     first = dvc(root, "repro")
+    model_sha = sha256(root / "data/model/model.safetensors")
+    # model_sha follows later changes of the tests; first_model_sha stays that of the committed params
     return {
         "root": root, "first_repro": first.stdout, "repro_s": time.monotonic() - started,
-        "model_sha": sha256(root / "data/model/model.safetensors"),
+        "model_sha": model_sha, "first_model_sha": model_sha,
     }

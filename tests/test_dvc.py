@@ -252,20 +252,18 @@ def test_version_outside_a_dvc_repo_says_how_to_set_one_up(tmp_path: Path) -> No
     assert "not a DVC repository" in done.stderr and "dvc init" in done.stderr
 
 
-def test_recording_a_runs_params_changes_only_those_keys_and_keeps_comments(tmp_path: Path) -> None:
+def test_an_overridden_stage_and_those_after_it_are_not_committed(tmp_path: Path) -> None:
     from tasks.params import load_params
-    from tasks.version import record_params
+    from tasks.version.stage import committable_stages, overridden_keys
 
     path = tmp_path / "params.yaml"
     shutil.copy(ROOT / "params.yaml", path)
-    before = path.read_text()
-    effective = load_params(path, {"train": {"max_epochs": 3}, "download": {"sha256": "ab" * 32}})
-    assert record_params(path, effective) == ["download.sha256", "train.max_epochs"]
-    after = path.read_text()
-    assert load_params(path) == effective
-    changed = [(a, b) for a, b in zip(before.splitlines(), after.splitlines(), strict=True) if a != b]
-    assert len(changed) == 2 and "# pin the archive's sha256" in changed[0][1]
-    assert record_params(path, effective) == []
+    stages = ["download", "validate", "train", "convert", "evaluate"]
+    assert committable_stages(stages, path, load_params(path)) == (stages, [])
+    effective = load_params(path, {"train": {"max_epochs": 3}})
+    assert committable_stages(stages, path, effective) == (["download", "validate"], ["train", "convert", "evaluate"])
+    assert overridden_keys(path, effective) == ["train.max_epochs"]
+    assert path.read_bytes() == (ROOT / "params.yaml").read_bytes()  # nothing is written back
 
 
 @pytest.fixture

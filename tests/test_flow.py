@@ -221,15 +221,21 @@ def test_a_second_retrain_in_the_same_workspace_is_refused(workspace: Path) -> N
 def test_prefect_yaml_deployments_are_valid_for_this_flow() -> None:
     from prefect.client.schemas.schedules import CronSchedule
 
+    from flows.champion import champion
+
     config = yaml.safe_load((ROOT / "prefect.yaml").read_text())
     deployments = {d["name"]: d for d in config["deployments"]}
-    assert set(deployments) == {"nightly", "on-demand"}
+    assert set(deployments) == {"nightly", "on-demand", "champion"}
     for d in deployments.values():
         path, _, name = d["entrypoint"].partition(":")
-        assert (ROOT / path).is_file() and name == retrain.fn.__name__
+        flow_ = champion if d["name"] == "champion" else retrain
+        assert (ROOT / path).is_file() and name == flow_.fn.__name__
         assert d["work_pool"]["name"] == "retrain-pool"
         assert d["concurrency_limit"] == {"limit": 1, "collision_strategy": "ENQUEUE"}
-        retrain.validate_parameters(d["parameters"])  # raises on a parameter the flow does not take
+        flow_.validate_parameters(d["parameters"])  # raises on a parameter the flow does not take
     [schedule] = deployments["nightly"]["schedules"]
     CronSchedule(cron=schedule["cron"], timezone=schedule["timezone"])
     assert deployments["nightly"]["parameters"]["source"] == "synthetic"
+    # runs happen in a clone the worker keeps, never in the folder `prefect deploy` ran in
+    steps = [next(iter(step)) for step in config["pull"]]
+    assert steps[-2:] == ["prefect.deployments.steps.git_clone", "prefect.deployments.steps.set_working_directory"]

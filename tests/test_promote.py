@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import threading
 import zlib
 from pathlib import Path
@@ -16,14 +18,13 @@ import torch
 from filelock import FileLock
 from safetensors.torch import save_file
 
-import tasks.promote.stage as promote_module
 from fusion_model.schema import split_images
 from tasks._io.hashing import sha256_file
 from tasks.errors import StageError
 from tasks.evaluate.metrics import fingerprint_test_set
 from tasks.evaluate.stage import write_evaluation
 from tasks.params import PromoteParams
-from tasks.promote import history_path, promote, read_history, render_decision_markdown
+from tasks.promote import history_path, promote, read_history, registry, render_decision_markdown
 
 N_TEST = 120
 
@@ -81,6 +82,13 @@ def _challenger(root: Path, name: str, table: pd.DataFrame, skill: float, passed
     )
 
 
+LAYOUT = [".champion.lock", "champion", "champions.jsonl", "history.jsonl", "store"]
+
+
+def _beside(champion: Path) -> list[str]:
+    return sorted(f.name for f in champion.parent.iterdir())
+
+
 def _snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
     return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(folder.iterdir())}
 
@@ -109,8 +117,13 @@ def test_first_model_becomes_champion_with_every_file(tmp_path: Path, table: pd.
     assert json.loads((champion / "promotion.json").read_text())["promoted"] is True
     assert [h["reason"] for h in read_history(champion)] == ["first model: no champion yet"]
     assert history_path(champion) == tmp_path / "models" / "history.jsonl"
+    # The champion is a link to the model's own folder in the store, named by its weights' sha256.
+    sha = sha256_file(p.model_dir / "model.safetensors")
+    assert champion.is_symlink() and os.readlink(champion) == f"store/{sha}"
+    assert [(e.version, e.sha256) for e in registry.promotions(champion)] == [(1, sha)]
+    assert decision.champion_version == 1
     # Nothing half-written is left beside the champion.
-    assert sorted(f.name for f in champion.parent.iterdir()) == [".champion.lock", "champion", "history.jsonl"]
+    assert _beside(champion) == LAYOUT and sorted(f.name for f in (champion.parent / "store").iterdir()) == [sha]
 
 
 def test_a_challenger_that_loses_to_the_baseline_is_not_promoted(tmp_path: Path, table: pd.DataFrame) -> None:
@@ -238,7 +251,7 @@ def test_crash_while_copying_keeps_old_champion(
     promote(_challenger(tmp_path, "weak", table, skill=0.1))
     champion = tmp_path / "models" / "champion"
     before = _snapshot(champion)
-    real_copy = promote_module.shutil.copy2
+    real_copy = registry.shutil.copyfile
     calls = []
 
     def copy_then_fail(src: Path, dst: Path) -> None:
@@ -247,12 +260,13 @@ def test_crash_while_copying_keeps_old_champion(
             raise OSError(28, "No space left on device")
         real_copy(src, dst)
 
-    monkeypatch.setattr(promote_module.shutil, "copy2", copy_then_fail)
+    monkeypatch.setattr(registry.shutil, "copyfile", copy_then_fail)
     with pytest.raises(OSError, match="No space left"):
         promote(_challenger(tmp_path, "strong", table, skill=0.6))
     assert _snapshot(champion) == before
-    assert sorted(f.name for f in champion.parent.iterdir()) == [".champion.lock", "champion", "history.jsonl"]
+    assert _beside(champion) == LAYOUT and len(list((champion.parent / "store").iterdir())) == 1
     assert len(read_history(champion)) == 1  # the failed install is not recorded as a promotion
+    assert len(registry.promotions(champion)) == 1
 
 
 def test_promote_cli_prints_the_decision(
@@ -273,18 +287,101 @@ def test_promote_cli_prints_the_decision(
     assert "metrics.json: missing. Run `python -m tasks evaluate`" in capsys.readouterr().err
 
 
-def test_interrupted_swap_is_recovered(tmp_path: Path, table: pd.DataFrame) -> None:
+def test_a_champion_folder_of_the_earlier_layout_is_adopted(tmp_path: Path, table: pd.DataFrame) -> None:
     good = _challenger(tmp_path, "good", table, skill=0.5)
     promote(good)
     champion = good.champion_dir
     before = {name: data for name, (data, _) in _snapshot(champion).items()}
-    # State after a crash between the two renames: the old champion only under its backup name.
-    os.rename(champion, champion.parent / ".champion.old-deadbeef")
-    (champion.parent / ".champion.incoming-cafebabe").mkdir()
+    # the earlier layout: the champion a plain folder, no store, no champions.jsonl
+    folder = champion.resolve()
+    champion.unlink()
+    os.rename(folder, champion)
+    shutil.rmtree(champion.parent / "store")
+    (champion.parent / "champions.jsonl").unlink()
     decision = promote(_challenger(tmp_path, "worse", table, skill=0.0))
     assert not decision.promoted and decision.champion_score == _score(good)
-    assert {name: data for name, (data, _) in _snapshot(champion).items()} == before
-    assert sorted(f.name for f in champion.parent.iterdir()) == [".champion.lock", "champion", "history.jsonl"]
+    assert champion.is_symlink() and {name: data for name, (data, _) in _snapshot(champion).items()} == before
+    assert [e.sha256 for e in registry.promotions(champion)] == [sha256_file(good.model_dir / "model.safetensors")]
+
+
+def test_rollback_restores_an_earlier_champion_byte_for_byte(tmp_path: Path, table: pd.DataFrame,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from tasks.__main__ import main
+
+    weak = _challenger(tmp_path, "weak", table, skill=0.1)
+    promote(weak)
+    weak_files = {name: data for name, (data, _) in _snapshot(weak.champion_dir).items()}
+    strong = _challenger(tmp_path, "strong", table, skill=0.6)
+    promote(strong)
+    champion = strong.champion_dir
+    assert (champion / "model.safetensors").read_bytes() == (strong.model_dir / "model.safetensors").read_bytes()
+    cli = ["champion", "--params", str(Path(__file__).resolve().parents[1] / "params.yaml"),
+           "--champion-dir", str(champion)]
+
+    assert main([*cli, "list", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["version"], r["current"]) for r in rows] == [(1, False), (2, True)]
+    assert rows[0]["sha256"] == sha256_file(weak.model_dir / "model.safetensors")
+    assert rows[1]["score"] == _score(strong) and rows[1]["data_sha256"]
+
+    assert main([*cli, "rollback"]) == 0
+    event = json.loads(capsys.readouterr().out)
+    assert event["event"] == "rollback" and event["version"] == 1
+    assert {name: data for name, (data, _) in _snapshot(champion).items()} == weak_files  # byte for byte
+    assert main([*cli, "list"]) == 0
+    table_text = capsys.readouterr().out
+    assert "| * | 1 |" in table_text and "|  | 2 |" in table_text
+
+    assert main([*cli, "rollback"]) == 1  # the first promotion has nothing before it
+    assert "there is no earlier one to roll back to" in capsys.readouterr().err
+    assert main([*cli, "rollback", "--to", "9"]) == 1
+    assert "no promoted version 9; the versions are 1, 2" in capsys.readouterr().err
+    assert main([*cli, "rollback", "--to", "2"]) == 0
+    capsys.readouterr()
+    assert (champion / "model.safetensors").read_bytes() == (strong.model_dir / "model.safetensors").read_bytes()
+    # a promotion after a rollback compares with the champion now in place
+    middle = _challenger(tmp_path, "middle", table, skill=0.3)
+    assert not promote(middle).promoted
+
+
+def _promote_worker(p: PromoteParams, pause_at: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(Path(__file__).parent / "promote_worker.py"), p.model_dump_json(), pause_at],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1],
+    )
+
+
+@pytest.mark.parametrize("point", ["copying", "stored", "flipped"])
+def test_a_kill_at_each_point_of_a_promotion_leaves_the_old_or_the_new_champion(
+        tmp_path: Path, table: pd.DataFrame, point: str) -> None:
+    """SIGKILL while the model is copied into the store, after it is stored, after the link flipped (before
+    the promotion is logged): the champion is always one complete model, and the log is repaired."""
+    weak = _challenger(tmp_path, "weak", table, skill=0.1)
+    promote(weak)
+    champion = weak.champion_dir
+    old = {name: data for name, (data, _) in _snapshot(champion).items()}
+    strong = _challenger(tmp_path, "strong", table, skill=0.6)
+    proc = _promote_worker(strong, point)
+    try:
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+        assert line.strip() == f"PAUSED {point}", line + proc.stderr.read()  # type: ignore[union-attr]
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    now = {name: data for name, (data, _) in _snapshot(champion).items()}
+    new_weights = (strong.model_dir / "model.safetensors").read_bytes()
+    if point == "flipped":
+        assert now["model.safetensors"] == new_weights and now["metrics.json"] == (strong.eval_dir / "metrics.json").read_bytes()
+    else:
+        assert now == old
+    # the next call repairs what the kill left: the log names the champion in place, no temporary folder stays
+    rows = registry.listing(champion) if point != "flipped" else None
+    decision = promote(_challenger(tmp_path, "chance", table, skill=0.0))  # worse than either
+    assert not decision.promoted
+    shas = [e.sha256 for e in registry.promotions(champion)]
+    assert shas[-1] == registry.current_sha(champion)
+    assert len(shas) == (2 if point == "flipped" else 1), (point, rows)
+    assert not [f for f in (champion.parent / "store").iterdir() if f.name.startswith(".")]
 
 
 def test_concurrent_promotions_are_serialised(tmp_path: Path, table: pd.DataFrame) -> None:

@@ -1,4 +1,5 @@
-"""Promote stage: the challenger replaces the champion only when it is better on the same test set."""
+"""Promote stage: the challenger replaces the champion only when it is better on the same test set; every
+promoted model is kept, and the champion can be rolled back (tasks/promote/registry.py)."""
 
 from tasks.promote.stage import (
     PromotionDecision,
@@ -6,6 +7,7 @@ from tasks.promote.stage import (
     promote,
     read_history,
     render_decision_markdown,
+    rollback,
 )
 
-__all__ = ["PromotionDecision", "history_path", "promote", "read_history", "render_decision_markdown"]
+__all__ = ["PromotionDecision", "history_path", "promote", "read_history", "render_decision_markdown", "rollback"]

@@ -1,12 +1,13 @@
 """Promote stage: the challenger replaces the champion only if it is better on the same test set.
 
 The challenger is `model_dir` (the converted model) with `eval_dir/metrics.json` (its evaluation). It
-becomes `champion_dir` when its validation passed and its primary metric beats the champion's by at
-least `min_delta`; the first model becomes champion. Scores are compared on one test set: when the
-champion's metrics.json was computed on another one (its fingerprint differs), the champion is re-scored
-on the current test set first. The swap is atomic (a full copy beside the champion, then renames), a file
-lock serialises concurrent promotions, and every decision is appended to `history.jsonl` next to the
-champion folder.
+becomes the champion when its validation passed, its conversion verified, it does not lose to the
+classical baseline, and its primary metric beats the champion's by at least `min_delta`; the first model
+becomes champion. Scores are compared on one test set: when the champion's metrics.json was computed on
+another one (its fingerprint differs), the champion is re-scored on the current test set first.
+Every promoted model is kept in the registry (tasks/promote/registry.py: content-addressed folders, the
+champion a symlink flipped atomically, `python -m tasks champion list|rollback`), a file lock serialises
+promotions, and every decision is appended to `history.jsonl` next to the champion.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -24,13 +24,14 @@ from filelock import FileLock, Timeout
 from pydantic import BaseModel
 
 from fusion_model.layout import MODEL_FILES, WEIGHTS
+from tasks._io import hashing
 from tasks._io.files import read_json
-from tasks._io.folders import recover_dir, swap_dir, temp_dir_beside
 from tasks._io.hashing import sha256_file
 from tasks.errors import StageError
 from tasks.evaluate.inputs import load_predictor, load_test_set, missing_model_files, model_dir_problem
 from tasks.evaluate.metrics import fingerprint_test_set, primary_score
 from tasks.params import PromoteParams
+from tasks.promote import registry
 
 CHAMPION_FILES: tuple[str, ...] = (*MODEL_FILES, "metrics.json")
 HISTORY_NAME = "history.jsonl"
@@ -51,6 +52,9 @@ class PromotionDecision(BaseModel):
     challenger_sha256: str
     previous_champion_sha256: str | None
     champion_dir: Path
+    data_sha256: str  # the validated tables this decision was made on (train, val, test, meta.json)
+    run_id: str | None = None
+    champion_version: int | None = None  # the registry's version number when promoted
 
 
 def history_path(champion_dir: Path) -> Path:
@@ -176,6 +180,7 @@ def _decide(p: PromoteParams, challenger: dict[str, Any]) -> PromotionDecision:
         challenger_sha256=challenger["model"]["sha256"],
         previous_champion_sha256=None,
         champion_dir=p.champion_dir,
+        data_sha256=hashing.fingerprint(hashing.file_hashes(p.data_dir)),
     )
     if champion is not None:
         decision["previous_champion_sha256"] = sha256_file(p.champion_dir / WEIGHTS)
@@ -207,23 +212,17 @@ def _decide(p: PromoteParams, challenger: dict[str, Any]) -> PromotionDecision:
     return PromotionDecision(promoted=False, reason=reason, **decision)
 
 
-def _install(p: PromoteParams, decision: PromotionDecision) -> None:
-    """Copy the challenger into a folder beside the champion, then swap it in (old one intact until then)."""
-    tmp = temp_dir_beside(p.champion_dir)
-    try:
-        for name in MODEL_FILES:
-            shutil.copy2(p.model_dir / name, tmp / name)
-        shutil.copy2(p.eval_dir / "metrics.json", tmp / "metrics.json")
-        (tmp / "promotion.json").write_text(decision.model_dump_json(indent=2) + "\n")
-        if sha256_file(tmp / WEIGHTS) != decision.challenger_sha256:
-            raise StageError(
-                f"{p.model_dir / WEIGHTS} changed while it was being promoted; the champion is "
-                "unchanged. Re-run evaluate and promote."
-            )
-        swap_dir(tmp, p.champion_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+def _install(p: PromoteParams, decision: PromotionDecision, run_manifest: dict[str, Any] | None) -> None:
+    """Keep the challenger in the registry, then make it the champion (one link flip)."""
+    files = {name: p.model_dir / name for name in MODEL_FILES} | {"metrics.json": p.eval_dir / "metrics.json"}
+    documents: dict[str, Any] = {registry.PROMOTION_FILE: decision.model_dump(mode="json")}
+    if run_manifest is not None:
+        documents[registry.RUN_MANIFEST_FILE] = run_manifest
+    sha = registry.store(p.champion_dir, files, documents)
+    if sha != decision.challenger_sha256:
+        raise StageError(f"{p.model_dir / WEIGHTS} changed while it was being promoted; the champion is "
+                         "unchanged. Re-run evaluate and promote.")
+    decision.champion_version = registry.make_champion(p.champion_dir, sha, decision.model_dump(mode="json")).version
 
 
 def append_history(path: Path, decision: PromotionDecision) -> None:
@@ -260,17 +259,35 @@ def render_decision_markdown(decision: PromotionDecision) -> str:
     )
 
 
-def promote(p: PromoteParams) -> PromotionDecision:
-    challenger = read_challenger(p)
-    p.champion_dir.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(p.champion_dir.parent / f".{p.champion_dir.name}.lock", timeout=p.lock_timeout_s)
+def _promotion_lock(champion_dir: Path, timeout_s: float) -> FileLock:
+    champion_dir.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(champion_dir.parent / f".{champion_dir.name}.lock", timeout=timeout_s)
+
+
+def rollback(champion_dir: Path, to: int | None = None, lock_timeout_s: float = 600) -> registry.ChampionEvent:
+    """Make an earlier promoted model the champion again (see `registry.rollback`), under the promotion lock."""
+    lock = _promotion_lock(champion_dir, lock_timeout_s)
     try:
         with lock:
-            # A crash between the two renames of an earlier swap left the old champion under a backup name.
-            recover_dir(p.champion_dir)
+            return registry.rollback(champion_dir, to)
+    except Timeout:
+        raise StageError(f"a promotion into {champion_dir} held {lock.lock_file} for {lock_timeout_s:.0f} s; "
+                         "wait for it to finish and roll back again.") from None
+
+
+def promote(p: PromoteParams, run_manifest: Path | None = None) -> PromotionDecision:
+    """Decide, and when the challenger wins make it the champion; `run_manifest` (the version step's JSON of
+    this run) is kept with the promoted model and names its run."""
+    challenger = read_challenger(p)
+    manifest = registry.load_run_manifest(run_manifest)
+    lock = _promotion_lock(p.champion_dir, p.lock_timeout_s)
+    try:
+        with lock:
+            registry.reconcile(p.champion_dir)  # what an interrupted promotion left
             decision = _decide(p, challenger)
+            decision.run_id = (manifest or {}).get("run_id")
             if decision.promoted:
-                _install(p, decision)
+                _install(p, decision, manifest)
             append_history(history_path(p.champion_dir), decision)
     except Timeout:
         raise StageError(

@@ -1,5 +1,5 @@
 """Version step: `dvc commit` what a run produced, push it, write the run manifest."""
 
-from tasks.version.stage import VersionSummary, record_params, version
+from tasks.version.stage import VersionSummary, version
 
-__all__ = ["VersionSummary", "record_params", "version"]
+__all__ = ["VersionSummary", "version"]

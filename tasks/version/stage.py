@@ -2,14 +2,18 @@
 
 `dvc commit` of the pipeline's stages makes `dvc.lock` describe the outputs now in the workspace (so
 `dvc status` and `dvc repro` agree with the run), `dvc push` copies them to the configured remote, and the
-run manifest (git rev, dvc.lock, params, metrics) names all of it in one JSON file that promotion and the
-Prefect artifacts point to. DVC refuses a second command on a repo while one runs: this step serialises
-its own calls with a file lock and tells DVC to wait for the repo lock instead of failing.
+run manifest (git rev, dvc.lock, the parameters the run used, its overrides, metrics) names all of it in
+one JSON file that promotion and the Prefect artifacts point to.
+
+A run never writes params.yaml. A stage whose section this run overrode (and every stage after it) is
+not committed: dvc.lock keeps describing params.yaml as committed, and `dvc status` truthfully reports
+those outputs as changed; the run manifest is that run's record. DVC refuses a second command on a repo
+while one runs: this step serialises its own calls with a file lock and tells DVC to wait for the repo
+lock instead of failing.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import subprocess
 import sys
@@ -22,7 +26,7 @@ import yaml
 from filelock import FileLock, Timeout
 from pydantic import BaseModel
 
-from tasks._io.files import write_json, write_text
+from tasks._io.files import write_json
 from tasks._io.git import has_tracked_changes, head_rev
 from tasks.errors import StageError
 from tasks.params import Params, VersionParams, load_params
@@ -37,7 +41,9 @@ class VersionSummary(BaseModel):
     git_dirty: bool
     remote: str | None
     pushed: bool
-    recorded_params: list[str]
+    committed_stages: list[str]
+    uncommitted_stages: list[str]  # the run overrode their params: dvc.lock still describes params.yaml
+    overridden: list[str]
     outs: dict[str, dict[str, str]]
     metrics: dict[str, Any]
 
@@ -59,44 +65,36 @@ def dvc(*args: str, timeout_s: float = 1800, fix: str = "") -> str:
     return _run(cmd, timeout_s, f"`dvc {' '.join(args)}`", fix)
 
 
-def record_params(params_file: Path, effective: Params) -> list[str]:
-    """Write the run's parameters into params.yaml where they differ, keeping its comments.
+def committable_stages(stages: list[str], params_file: Path, effective: Params | None) -> tuple[list[str], list[str]]:
+    """(stages to commit, stages to leave): in pipeline order, a stage whose params section the run overrode
+    and every stage after it are left, since dvc.lock would otherwise claim params.yaml's values made them."""
+    if effective is None:
+        return list(stages), []
+    committed = load_params(params_file)
+    for i, stage in enumerate(stages):
+        if _section(committed, stage) != _section(effective, stage):
+            return list(stages[:i]), list(stages[i:])
+    return list(stages), []
 
-    What `dvc exp run -S key=value` does: params.yaml then describes the outputs in the workspace, so
-    `dvc commit` records the parameters the run really used. Returns the changed keys, dotted.
-    """
-    from ruamel.yaml import YAML  # round-trip loader: comments and key order survive
 
-    current = load_params(params_file).model_dump(mode="json", by_alias=True)
-    wanted = effective.model_dump(mode="json", by_alias=True)
-    changes: list[tuple[list[str], Any]] = []
+def _section(params: Params, stage: str) -> Any:
+    return params.model_dump(mode="json", by_alias=True).get(stage)
 
-    def diff(old: Any, new: Any, key: list[str]) -> None:
+
+def overridden_keys(params_file: Path, effective: Params) -> list[str]:
+    """The dotted params.yaml keys whose value this run changed."""
+    changed: list[str] = []
+
+    def diff(old: Any, new: Any, key: str) -> None:
         if isinstance(old, dict) and isinstance(new, dict):
             for k in new:
-                diff(old.get(k), new[k], [*key, k])
+                diff(old.get(k), new[k], f"{key}.{k}" if key else k)
         elif old != new:
-            changes.append((key, new))
+            changed.append(key)
 
-    diff(current, wanted, [])
-    if not changes:
-        return []
-    rt = YAML()
-    rt.preserve_quotes = True
-    # write `null` as null, not as an empty value (ruamel's default), so untouched lines stay identical
-    rt.representer.add_representer(type(None), lambda r, _: r.represent_scalar("tag:yaml.org,2002:null", "null"))
-    doc = rt.load(params_file.read_text())
-    for key, value in changes:
-        node = doc
-        for k in key[:-1]:
-            if node.get(k) is None:
-                node[k] = {}
-            node = node[k]
-        node[key[-1]] = value
-    out = io.StringIO()
-    rt.dump(doc, out)
-    write_text(params_file, out.getvalue())
-    return [".".join(k) for k, _ in changes]
+    diff(load_params(params_file).model_dump(mode="json", by_alias=True),
+         effective.model_dump(mode="json", by_alias=True), "")
+    return changed
 
 
 def lock_outs(lock: dict[str, Any], stages: list[str]) -> dict[str, dict[str, str]]:
@@ -144,14 +142,19 @@ def version(
     run_id: str | None = None,
     extra: dict[str, Any] | None = None,
 ) -> VersionSummary:
-    """Commit `params.stages` to dvc.lock, push them, write `<manifest_dir>/<run_id>.json`.
+    """Commit the stages `effective` did not override to dvc.lock, push what a later run or rollback needs,
+    write `<manifest_dir>/<run_id>.json`.
 
-    `effective`: the parameters the run used (the flow's overrides applied); written into params.yaml
-    first so dvc.lock records them. `extra` goes into the manifest as is (e.g. the flow run's id).
+    `effective`: the parameters the run used (the flow's overrides applied), recorded in the manifest;
+    params.yaml is never written. `extra` goes into the manifest as is (e.g. the flow run's id).
     Run from the repository root.
     """
     _check_repo(params)
     run_id = run_id or datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
+    commit, left = committable_stages(params.stages, params.params_file, effective)
+    overridden = overridden_keys(params.params_file, effective) if effective is not None else []
+    # the weights, data and metrics a rollback or a later run needs; the optimizer shards only when asked
+    push = [s for s in commit if params.push_checkpoints or s != "train"]
     LOCK_FILE.parent.mkdir(parents=True, exist_ok=True)
     try:
         with FileLock(str(LOCK_FILE), timeout=params.lock_timeout_s):
@@ -162,21 +165,22 @@ def version(
                     "(`dvc remote add -d storage /path/to/folder`) or set `version.remote` / "
                     "`version.push: false` in params.yaml."
                 )
-            recorded = record_params(params.params_file, effective) if effective is not None else []
             commit_fix = (
                 "Every stage's outputs must exist: run the missing stage (`python -m tasks <stage>`) or "
                 "`dvc repro`, then version again."
             )
-            dvc("commit", "--force", *params.stages, timeout_s=params.lock_timeout_s, fix=commit_fix)
+            if commit:
+                dvc("commit", "--force", *commit, timeout_s=params.lock_timeout_s, fix=commit_fix)
             pushed = False
-            if params.push:
+            if params.push and push:
                 dvc(
-                    "push", "--remote", remote, *params.stages, timeout_s=params.lock_timeout_s,
+                    "push", "--remote", remote, *push, timeout_s=params.lock_timeout_s,
                     fix=f"The outputs are committed locally (dvc.lock); fix the remote `{remote}` and run "
                     "`dvc push`.",
                 )
                 pushed = True
-            lock = yaml.safe_load(Path("dvc.lock").read_text()) or {}
+            lock_file = Path("dvc.lock")
+            lock = (yaml.safe_load(lock_file.read_text()) or {}) if lock_file.is_file() else {}
             metrics = flatten_metrics(json.loads(dvc("metrics", "show", "--json", timeout_s=300) or "{}"))
     except Timeout:
         raise StageError(
@@ -184,22 +188,25 @@ def version(
             "Wait for it to finish, or raise `version.lock_timeout_s`; delete the file only if no retrain runs."
         ) from None
     rev, dirty = head_rev(), has_tracked_changes()
-    outs = lock_outs(lock, params.stages)
+    outs = lock_outs(lock, commit)
     manifest_path = params.manifest_dir / f"{run_id}.json"
+    used = effective.model_dump(mode="json", by_alias=True) if effective is not None else load_params(
+        params.params_file).model_dump(mode="json", by_alias=True)
     write_json(
         manifest_path,
         {
             "run_id": run_id,
             "created_at": datetime.now(UTC).isoformat(),
             "git": {"rev": rev, "dirty": dirty},
-            "dvc": {"remote": remote, "pushed": pushed, "stages": params.stages, "outs": outs, "lock": lock},
-            "recorded_params": recorded,
-            "params": yaml.safe_load(params.params_file.read_text()),
+            "dvc": {"remote": remote, "pushed": pushed, "stages": commit, "pushed_stages": push if pushed else [],
+                    "uncommitted_stages": left, "outs": outs, "lock": lock},
+            "overridden": overridden,
+            "params": used,  # what this run used: params.yaml as committed, with its overrides applied
             "metrics": metrics,
             **(extra or {}),
         },
     )
     return VersionSummary(
         run_id=run_id, manifest=manifest_path, git_rev=rev, git_dirty=dirty, remote=remote, pushed=pushed,
-        recorded_params=recorded, outs=outs, metrics=metrics,
+        committed_stages=commit, uncommitted_stages=left, overridden=overridden, outs=outs, metrics=metrics,
     )
