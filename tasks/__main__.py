@@ -87,13 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_champion(args: argparse.Namespace) -> Any:
-    from tasks.promote import registry
-
+    # by name, as the stages are: no stage's command loads the registry
+    promote = importlib.import_module("tasks.promote")
+    registry = importlib.import_module("tasks.promote.registry")
     champion_dir = args.champion_dir or load_params(args.params).promote.champion_dir
     if args.action == "rollback":
-        from tasks.promote import rollback
-
-        return rollback(champion_dir, args.to)
+        return promote.rollback(champion_dir, args.to)
     rows = registry.listing(champion_dir)
     if args.json:
         return rows
