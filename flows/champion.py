@@ -16,6 +16,7 @@ from typing import Any, Literal
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
+from tasks._io.processes import start_reaper
 from tasks.params import load_params
 
 
@@ -42,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--to", type=int, default=None, metavar="VERSION")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     args = parser.parse_args(argv)
+    start_reaper()  # a SIGKILL of this process must not leave Prefect's temporary server running
     state = champion(action=args.action, to=args.to, params_path=args.params, return_state=True)
     if not state.is_completed():
         print(f"error: {state.message}", file=sys.stderr)

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ValidationError
 from flows.artifacts import conversion_markdown, run_manifest_markdown, training_markdown
 from flows.overrides import ParamOverrides, overrides_dict, parse_set, resolve_params
 from tasks._io.files import read_json_if_present
+from tasks._io.processes import start_reaper
 from tasks.errors import StageError, TransientError
 from tasks.params import (
     ConvertParams,
@@ -306,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as e:
         print(f"error: --set: {e}", file=sys.stderr)
         return 2
+    start_reaper()  # a SIGKILL of this process must not leave Prefect's temporary server running
     state = retrain(
         params_path=args.params, source=args.source, overrides=overrides,
         promote_model=not args.no_promote, version_outputs=not args.no_version, return_state=True,

@@ -31,7 +31,6 @@ from typing import Any
 import httpx
 import psutil
 import pytest
-import yaml
 from project_copy import dvc, env, lock_hashes, run, sha256
 
 from tasks._io.ports import free_port
@@ -312,7 +311,9 @@ def test_the_same_params_in_another_clone_give_the_same_model_bytes(soak: Soak) 
 
 
 def test_an_override_stays_in_its_run_and_the_next_plain_run_uses_params_yaml(soak: Soak) -> None:
-    committed = yaml.safe_load((soak.workspace / "params.yaml").read_text())
+    from tasks.params import load_params
+
+    committed = load_params(soak.workspace / "params.yaml").model_dump(mode="json", by_alias=True)
     better = _manifest(soak, "better")
     assert better["overridden"] == ["train.max_epochs"] and better["params"]["train"]["max_epochs"] == 4
     assert better["dvc"]["uncommitted_stages"] == ["train", "convert", "evaluate"]

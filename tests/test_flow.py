@@ -7,6 +7,7 @@ The whole flow with 2 training ranks, through a deployment and a worker, is in t
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -216,6 +217,53 @@ def test_a_second_retrain_in_the_same_workspace_is_refused(workspace: Path) -> N
     with pytest.raises(StageError, match="another retrain is running in .* wait for it to finish"):
         state.result()
     assert _task_states(state) == {}
+
+
+@pytest.mark.slow
+def test_a_killed_flow_leaves_no_temporary_prefect_server_behind(tmp_path: Path) -> None:
+    """SIGKILL of `python -m flows.retrain` runs nothing of it: a watcher it left ends the temporary server."""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["download"]["synthetic"] |= {"n_train": 40, "n_test": 20, "image_size": 16}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    home = tmp_path / "prefect_home"
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | {"PREFECT_HOME": str(home)}
+    flow_proc = subprocess.Popen([sys.executable, "-m", "flows.retrain", "--no-version", "--no-promote"],
+                                 cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def servers() -> list[psutil.Process]:
+        found = []
+        for p in psutil.process_iter(["cmdline", "environ"]):
+            try:
+                if ("prefect.server.api.server:create_app" in " ".join(p.info["cmdline"] or [])
+                        and (p.info["environ"] or {}).get("PREFECT_HOME") == str(home)):
+                    found.append(p)
+            except psutil.Error:
+                continue
+        return found
+
+    try:
+        deadline = time.monotonic() + 180
+        while not servers():
+            assert flow_proc.poll() is None, "the flow ended before its temporary server was seen"
+            assert time.monotonic() < deadline, "no temporary server started"
+            time.sleep(0.2)
+        flow_proc.kill()
+        flow_proc.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while servers() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert servers() == []
+    finally:
+        if flow_proc.poll() is None:
+            flow_proc.kill()
+        for p in servers():
+            p.kill()
 
 
 def test_prefect_yaml_deployments_are_valid_for_this_flow() -> None:

@@ -31,3 +31,48 @@ def preexec_die_with_parent(sig: int = signal.SIGTERM):  # noqa: ANN201 (a Popen
     """A `subprocess.Popen(preexec_fn=...)` that ties the child to the process starting it."""
     parent = os.getpid()
     return lambda: die_with_parent(sig, parent)
+
+
+def reap_when_gone(pid: int, interval_s: float = 0.5, grace_s: float = 5.0) -> None:
+    """Watch process `pid`; once it is gone, end every descendant it had (SIGTERM, then SIGKILL).
+
+    For a parent that may be SIGKILLed with children it cannot tie to itself (a library started them):
+    run this in a separate process (`start_reaper`), which outlives the parent by design.
+    """
+    import time
+
+    import psutil
+
+    known: dict[int, psutil.Process] = {}
+    try:
+        parent = psutil.Process(pid)
+        while parent.is_running() and parent.status() != psutil.STATUS_ZOMBIE:
+            for child in parent.children(recursive=True):
+                if child.pid != os.getpid():  # the watcher is one of the children: it stays to the end
+                    known.setdefault(child.pid, child)
+            time.sleep(interval_s)
+    except psutil.Error:
+        pass
+    alive = [p for p in known.values() if p.is_running()]
+    for p in alive:
+        try:
+            p.terminate()
+        except psutil.Error:
+            continue
+    _, still = psutil.wait_procs(alive, timeout=grace_s)
+    for p in still:
+        try:
+            p.kill()
+        except psutil.Error:
+            continue
+
+
+def start_reaper() -> None:
+    """Leave a watcher behind this process that ends its children if it dies without doing so itself
+    (SIGKILL): e.g. the temporary Prefect server a flow run started. The watcher is in a session of its
+    own, so a kill of this process's group does not reach it, and it exits after its clean-up."""
+    import subprocess
+
+    code = f"from tasks._io.processes import reap_when_gone; reap_when_gone({os.getpid()})"
+    subprocess.Popen([sys.executable, "-c", code], start_new_session=True, stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)
