@@ -32,7 +32,8 @@ def main() -> int:
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.only.split(","):
-            summary = train(base.model_copy(update={"modalities": RUNS[name], "out_dir": Path(tmp) / name}))
+            summary = train(base.model_copy(update={"modalities": RUNS[name], "out_dir": Path(tmp) / name,
+                                                    "live_dir": Path(tmp) / f"{name}.training"}))
             results[name] = {"best": summary.best_score, "metric": summary.monitor, "fit_wall_s": summary.fit_wall_s,
                              "wall_s": summary.wall_s}
             print(f"{name:>8}: best {summary.monitor} {summary.best_score:.4f} "

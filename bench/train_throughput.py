@@ -80,7 +80,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         data_dir = make_validated(Path(tmp), n_train=rows, n_val=16, n_test=16)
         base = TrainConfig(
-            data_dir=data_dir, out_dir=Path(tmp) / "ckpt", image_model=args.image_model,
+            data_dir=data_dir, out_dir=Path(tmp) / "ckpt", live_dir=Path(tmp) / "training", image_model=args.image_model,
             image_size=args.image_size, batch_size=args.batch_size, max_epochs=1, max_steps=args.steps + 2,
             devices=world, accelerator="cpu", precision=args.precision, threads_per_rank=1,
         )

@@ -13,7 +13,7 @@ from typing import Any
 # Shown first in the training table, when train_summary.json has them.
 TRAINING_KEYS: tuple[str, ...] = (
     "strategy", "zero_stage", "world_size", "num_nodes", "precision", "epochs", "steps", "samples_per_s",
-    "best_score", "metric", "best_checkpoint",
+    "best_score", "metric", "best_epoch", "stopped_early", "best_checkpoint",
 )
 
 
@@ -31,10 +31,11 @@ def key_value_table(data: Mapping[str, Any], first: tuple[str, ...] = ()) -> str
     return "\n".join(rows) + "\n"
 
 
-def training_markdown(summary: Mapping[str, Any] | None, path: Path) -> str:
+def training_markdown(summary: Mapping[str, Any] | None, path: Path, curves: str | Path | None = None) -> str:
     if summary is None:
         return f"# Training\n\n`{path}` was not written.\n"
-    return f"# Training\n\nFrom `{path}`.\n\n" + key_value_table(summary, TRAINING_KEYS)
+    link = f"Curves (loss and validation metric per epoch, offline PNG): `{curves}`.\n\n" if curves else ""
+    return f"# Training\n\nFrom `{path}`.\n\n{link}" + key_value_table(summary, TRAINING_KEYS)
 
 
 def conversion_markdown(manifest: Mapping[str, Any] | None, path: Path) -> str:

@@ -102,7 +102,8 @@ def train_task(params: TrainParams) -> Any:
     summary_path = params.out_dir / "train_summary.json"
     summary = read_json_if_present(summary_path)
     create_markdown_artifact(
-        key="retrain-training", markdown=training_markdown(summary, summary_path), description="Training summary"
+        key="retrain-training", markdown=training_markdown(summary, summary_path, result.curves),
+        description="Training summary and curves",
     )
     return result
 
@@ -178,6 +179,7 @@ def validation_markdown(params: ValidateParams) -> str:
 
 class RetrainResult(BaseModel):
     run_id: str
+    curves: Path | None = None
     metrics: dict[str, Any]
     run_manifest: Path | None
     promoted: bool | None
@@ -256,7 +258,7 @@ def retrain(
 def _pipeline(params: Params, run_id: str, promote_model: bool, version_outputs: bool, changes: dict) -> RetrainResult:
     download_task(params.download)
     validate_task(params.validate_)
-    train_task(params.train)
+    trained = train_task(params.train)
     convert_task(params.convert)
     evaluate_task(params.evaluate)
     metrics = read_json_if_present(params.evaluate.out_dir / "metrics.json") or {}
@@ -271,7 +273,7 @@ def _pipeline(params: Params, run_id: str, promote_model: bool, version_outputs:
         if manifest is not None:
             _annotate(manifest, {"promotion": decision.model_dump(mode="json")})
     return RetrainResult(
-        run_id=run_id, metrics=metrics, run_manifest=manifest, promoted=promoted,
+        run_id=run_id, curves=trained.curves, metrics=metrics, run_manifest=manifest, promoted=promoted,
         champion_dir=params.promote.champion_dir, eval_dir=params.evaluate.out_dir,
     )
 
@@ -325,7 +327,8 @@ def _print_outcome(result: RetrainResult) -> None:
 
     eval_dir = result.eval_dir
     print(render_markdown(result.metrics, read_json_if_present(eval_dir / "ablation.json")) if result.metrics else "")
-    print(f"plots: {eval_dir / 'roc.png'}, {eval_dir / 'confusion_matrix.png'} (offline PNGs)")
+    print(f"plots: {eval_dir / 'roc.png'}, {eval_dir / 'confusion_matrix.png'}, training curves "
+          f"{result.curves} (offline PNGs)")
     if result.run_manifest:
         print(f"run manifest: {result.run_manifest}")
     if result.promoted is not None:

@@ -26,7 +26,7 @@ class ProgressPrinter(pl.Callback):
                            batch: Any, batch_idx: int) -> None:
         step = trainer.global_step
         if step % self.every_n_steps == 0:
-            loss = trainer.callback_metrics.get("train/loss")
+            loss = trainer.callback_metrics.get("train/loss_step")
             loss_text = f" loss {float(loss):.4f}" if loss is not None else ""
             self._print(trainer, f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs} step {step}{loss_text}")
 

@@ -23,6 +23,9 @@ class TrainConfig(BaseModel):
 
     data_dir: Path = Path("data/validated")
     out_dir: Path = Path("data/checkpoints")
+    # the run's DVCLive log (per-step loss, per-epoch metrics, learning rate) and its curves PNG: read by
+    # `dvc exp show`, `dvc metrics diff` and `dvc plots` (dvc.yaml), replaced whole when a run succeeds
+    live_dir: Path = Path("reports/training")
     seed: int = 42
     # model
     image_model: str = "test_resnet"
@@ -41,6 +44,9 @@ class TrainConfig(BaseModel):
     modalities: list[Literal["image", "tabular", "text"]] = ["image", "tabular", "text"]
     # optimisation
     max_epochs: int = Field(8, ge=1)
+    # stop when the validation metric has not improved for this many epochs (None: train max_epochs);
+    # the checkpoint kept is the best epoch's either way
+    early_stopping_patience: int | None = Field(None, ge=1)
     batch_size: int = Field(32, ge=1)
     lr: float = Field(2e-3, gt=0)
     weight_decay: float = Field(0.01, ge=0)

@@ -20,13 +20,13 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from fusion_model.callbacks import ProgressPrinter, Throughput
 from fusion_model.config import TrainConfig, processes_per_node
 from fusion_model.data import FusionDataModule, ValidatedData
-from fusion_model.layout import BEST_CHECKPOINT, LAST_CHECKPOINT, MODEL_CONFIG, TRAIN_SUMMARY
+from fusion_model.layout import BEST_CHECKPOINT, LAST_CHECKPOINT, LIVE_DIR, MODEL_CONFIG, TRAIN_SUMMARY
 from fusion_model.loopback import bind_stores_to_master_addr
 from fusion_model.module import FusionModule, metric_name
 from fusion_model.preprocess import Preprocessor
@@ -106,6 +106,12 @@ def gathered_fp32_state(trainer: Any, module: Any) -> dict[str, torch.Tensor] | 
     return state if trainer.is_global_zero else None
 
 
+def _best_epoch(history: list[dict[str, float]], monitor: str) -> int | None:
+    """The (first) epoch of the best monitored value: the one best.ckpt holds."""
+    scored = [h for h in history if monitor in h]
+    return max(scored, key=lambda h: h[monitor])["epoch"] if scored else None
+
+
 class FinishRun(pl.Callback):
     """At the end of fit, inside every rank (ddp_spawn's workers too): gather the final weights if asked
     and write ``train_summary.json`` from global rank 0, then wait so no rank exits before it exists."""
@@ -154,12 +160,24 @@ class FinishRun(pl.Callback):
             "resumed_from": self.resume_from,
             "fit_wall_s": round(time.perf_counter() - self._started, 2),
             "history": self.progress.history,
+            "best_epoch": _best_epoch(self.progress.history, f"val/{self.metric}"),
+            "stopped_early": bool(getattr(trainer.early_stopping_callback, "stopped_epoch", 0)),
         }
         if trainer.is_global_zero:
             write_json(out_dir / TRAIN_SUMMARY, self.summary)
             brief = {k: v for k, v in self.summary.items() if k != "history"}
             print(f"[train] finished: {json.dumps(brief)}", flush=True)
         trainer.strategy.barrier("train_summary_written")
+
+
+def live_logger(out_dir: Path, resume: bool) -> Any:
+    """DVCLive as the Lightning logger (it logs from global rank 0 only, on every strategy): per-step loss
+    and learning rate, per-epoch train/val metrics, into `out_dir/dvclive`. No DVC experiment, dvc.yaml or
+    report of its own (dvc.yaml declares the files), no Studio (the train stage sets DVC_STUDIO_OFFLINE)."""
+    from dvclive.lightning import DVCLiveLogger
+
+    return DVCLiveLogger(dir=str(out_dir / LIVE_DIR), resume=resume, save_dvc_exp=False, dvcyaml=False,
+                         report=None, monitor_system=False)
 
 
 def run(cfg: TrainConfig) -> dict[str, Any]:
@@ -189,6 +207,9 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     )
     progress = ProgressPrinter()
     throughput = Throughput(cfg.batch_size)
+    callbacks: list[pl.Callback] = [checkpoint, progress, throughput, LearningRateMonitor(logging_interval="step")]
+    if cfg.early_stopping_patience:
+        callbacks.append(EarlyStopping(monitor=f"val/{metric}", mode="max", patience=cfg.early_stopping_patience))
     trainer = pl.Trainer(
         accelerator="gpu" if on_cuda else "cpu",
         devices=devices,
@@ -197,8 +218,8 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         precision=cfg.precision,
         max_epochs=cfg.max_epochs,
         max_steps=cfg.max_steps,
-        callbacks=[checkpoint, progress, throughput],
-        logger=False,
+        callbacks=callbacks,
+        logger=live_logger(out_dir, cfg.resume),
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,

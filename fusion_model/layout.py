@@ -7,6 +7,8 @@ MODEL_CONFIG = "model_config.json"  # rebuilds the model and its preprocessing: 
 TRAIN_SUMMARY = "train_summary.json"
 BEST_CHECKPOINT = "best.ckpt"  # a file (ddp, ddp_spawn) or a DeepSpeed ZeRO folder
 LAST_CHECKPOINT = "last.ckpt"
+LIVE_DIR = "dvclive"  # DVCLive's log of the run (metrics.json, plots/metrics/*.tsv), moved to train.live_dir
+CURVES = "curves.png"  # loss and validation metric per epoch, drawn from that log
 # a converted model folder: everything prediction needs
 WEIGHTS = "model.safetensors"
 CONVERSION_MANIFEST = "manifest.json"

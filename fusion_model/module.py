@@ -59,8 +59,8 @@ class FusionModule(pl.LightningModule):
         probs = logits.softmax(dim=-1)
         metrics = getattr(self, f"{stage}_metrics")
         metrics.update(probs[:, 1] if self.label_kind == "binary" else probs, labels)
-        if stage == "train":  # per step, unsynced: an all-reduce per step would cost more than it tells
-            self.log("train/loss", loss, on_step=True, on_epoch=False, batch_size=labels.shape[0])
+        if stage == "train":  # per step unsynced (an all-reduce per step costs more than it tells), and per epoch
+            self.log("train/loss", loss, on_step=True, on_epoch=True, sync_dist=False, batch_size=labels.shape[0])
         else:
             self.log(f"{stage}/loss", loss, on_epoch=True, sync_dist=True, batch_size=labels.shape[0])
         self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=labels.shape[0])

@@ -357,7 +357,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             # beside the run's folder, not in it: the folder is replaced whole when the run succeeds
             overrides = {**overrides, "save_gathered_weights": root / f"{name}.gathered.safetensors"}
         train(TrainConfig.model_validate({
-            "data_dir": data_dir, "out_dir": ckpt, "image_model": "test_resnet", "image_size": 32,
+            "data_dir": data_dir, "out_dir": ckpt, "live_dir": root / f"{name}.training",
+            "image_model": "test_resnet", "image_size": 32,
             "text_buckets": 64, "text_dim": 8, "cat_dim": 4, "adapter_dim": 8, "hidden_sizes": [16],
             "batch_size": 8, "max_epochs": 1, "max_steps": 2, "devices": 2, "accelerator": "cpu",
             **overrides,

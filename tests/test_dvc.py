@@ -169,6 +169,19 @@ def test_plots_point_at_the_evaluation_files(project: dict, tmp_path: Path) -> N
     out = dvc(project["root"], "plots", "show", "--json", "--out", str(tmp_path / "plots")).stdout
     for name in ("roc.csv", "confusion.csv", "roc.png", "confusion_matrix.png"):
         assert f"data/eval/{name}" in out, name
+    # the training curves DVCLive logged, and the PNG drawn from them
+    for name in ("plots/metrics/val/auc.tsv", "plots/metrics/train/loss_epoch.tsv", "curves.png"):
+        assert f"reports/training/{name}" in out, name
+
+
+@pytest.mark.slow
+def test_exp_show_lists_the_training_metrics_dvclive_logged(project: dict) -> None:
+    shown = json.loads(dvc(project["root"], "exp", "show", "--json").stdout)
+    workspace = next(row for row in shown if row["rev"] == "workspace")
+    metrics = workspace["data"]["metrics"]
+    live = metrics["reports/training/metrics.json"]["data"]
+    assert {"val", "train", "epoch", "step"} <= set(live) and "auc" in live["val"] and "loss_epoch" in live["train"]
+    assert "data/eval/metrics.json" in metrics
 
 
 @pytest.mark.slow
@@ -296,3 +309,27 @@ def test_version_without_a_remote_says_how_to_add_one(fresh_project: Path) -> No
     done = _version(fresh_project, check=False)
     assert done.returncode == 1
     assert "no DVC remote to push to" in done.stderr and "dvc remote add -d storage" in done.stderr
+
+
+@pytest.mark.slow
+def test_two_experiments_are_compared_by_exp_show_and_plots_diff(project: dict, tmp_path: Path) -> None:
+    """`dvc exp run -S train.lr=...` twice: both experiments listed with their own lr and metrics, and
+    `dvc plots diff` compares their training curves."""
+    root = project["root"]
+    names = {}
+    for lr in (0.001, 0.02):
+        out = dvc(root, "exp", "run", "-S", f"train.lr={lr}", timeout=900).stdout
+        assert "Ran experiment(s)" in out, out[-2000:]
+        names[lr] = out.split("Ran experiment(s): ")[1].split()[0]
+    shown = json.loads(dvc(root, "exp", "show", "--json").stdout)
+    experiments = {e["name"]: e for row in shown for e in (row.get("experiments") or [])
+                   for e in (e.get("revs") or [e]) if e.get("name")}
+    found = {}
+    for lr, name in names.items():
+        data = experiments[name]["data"]
+        found[lr] = (data["params"]["params.yaml"]["data"]["train"]["lr"],
+                     data["metrics"]["reports/training/metrics.json"]["data"]["val"]["auc"])
+    assert [found[lr][0] for lr in names] == list(names)  # each experiment records its own lr
+    assert found[0.001][1] != found[0.02][1]  # and its own validation metric
+    diff = dvc(root, "plots", "diff", *names.values(), "--json", "--out", str(tmp_path / "diff")).stdout
+    assert "reports/training/plots/metrics/val/auc.tsv" in diff and all(n in diff for n in names.values())

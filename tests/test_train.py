@@ -39,7 +39,8 @@ def data_dir(tiny_validated: Path) -> Path:
 
 def _config(data_dir: Path, out_dir: Path, **overrides: object) -> TrainConfig:
     base: dict[str, object] = {
-        "data_dir": data_dir, "out_dir": out_dir, "image_model": "test_resnet", "image_size": 32,
+        "data_dir": data_dir, "out_dir": out_dir, "live_dir": out_dir.parent / "training",
+        "image_model": "test_resnet", "image_size": 32,
         "text_buckets": 256, "text_dim": 8, "cat_dim": 4, "adapter_dim": 16, "hidden_sizes": [32],
         "batch_size": 32, "max_epochs": 1, "devices": 2, "accelerator": "cpu", "threads_per_rank": 1,
     }
@@ -140,7 +141,7 @@ def test_flow_like_caller_runs_once_while_ddp_spawn_trains_two_ranks(data_dir: P
 def finished_ddp(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, TrainSummary]:
     """One finished ddp run (torchrun, 2 ranks, 1 epoch): its out_dir and summary. Copy it to change it."""
     out = tmp_path_factory.mktemp("finished_ddp") / "ckpt"
-    return out, train(_config(data_dir, out, strategy="ddp"))
+    return out, train(_config(data_dir, out, strategy="ddp", max_epochs=2))
 
 
 def _tree(folder: Path) -> dict[str, bytes]:
@@ -155,6 +156,24 @@ def test_ddp_torchrun_two_ranks_leaves_a_checkpoint(finished_ddp: tuple[Path, Tr
     assert not staging_dir(_config(out.parent, out)).exists()  # the staging folder became out_dir
     summary_file = json.loads((out / "train_summary.json").read_text())
     assert (summary_file["best_checkpoint"], summary_file["last_checkpoint"]) == ("best.ckpt", "last.ckpt")
+
+
+def test_dvclive_logs_one_value_per_epoch_and_the_curves_png(finished_ddp: tuple[Path, TrainSummary]) -> None:
+    """DVCLive as the Lightning logger: its series are what DVC reads (dvc.yaml metrics/plots of train)."""
+    from tasks.train.curves import per_epoch, read_series
+
+    out, summary = finished_ddp
+    live = out.parent / "training"
+    assert not (out / "dvclive").exists()  # moved out of the checkpoint folder, into train.live_dir
+    history = json.loads((out / "train_summary.json").read_text())["history"]
+    val_auc = per_epoch(live, "val/auc")
+    assert [epoch for epoch, _ in val_auc] == [1, 2] == [h["epoch"] for h in history]
+    assert val_auc[-1][1] == pytest.approx(history[-1]["val/auc"], abs=1e-5)
+    assert [e for e, _ in per_epoch(live, "train/loss_epoch")] == [1, 2]
+    metrics = json.loads((live / "metrics.json").read_text())
+    assert metrics["val"]["auc"] == pytest.approx(history[-1]["val/auc"], abs=1e-5)
+    assert read_series(live, "val/loss") and summary.best_epoch in (1, 2)
+    assert summary.curves == str(live / "curves.png") and (live / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.parametrize("stage", [2, 3])

@@ -27,12 +27,13 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from fusion_model.config import TrainConfig, processes_per_node
-from fusion_model.layout import LAST_CHECKPOINT, TRAIN_SUMMARY
+from fusion_model.layout import CURVES, LAST_CHECKPOINT, LIVE_DIR, TRAIN_SUMMARY
 from tasks._io.files import write_text
-from tasks._io.folders import recover_dir, swap_dir
+from tasks._io.folders import recover_dir, swap_dir, temp_dir_beside
 from tasks._io.ports import free_port
 from tasks._io.processes import preexec_die_with_parent
 from tasks.errors import StageError
+from tasks.train.curves import write_curves
 from tasks.train.process_tree import ProcessTree, sigterm_raises
 
 log = logging.getLogger(__name__)
@@ -63,8 +64,11 @@ class TrainSummary(BaseModel):
     checkpoint_kind: str
     resumed_from: str | None = None
     fit_wall_s: float
+    best_epoch: int | None = None
+    stopped_early: bool = False
     wall_s: float | None = None  # launch to exit, start-up included
     out_dir: str | None = None
+    curves: str | None = None  # the PNG of loss and validation metric per epoch
 
 
 def _default_logger() -> logging.Logger:
@@ -169,6 +173,7 @@ def _environment(p: TrainConfig, port: int) -> dict[str, str]:
     env.setdefault("DS_ACCELERATOR", "cuda" if on_cuda else "cpu")  # DeepSpeed would guess, with a warning
     env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.cwd() / ".torch_ext"))
     env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("DVC_STUDIO_OFFLINE", "true")  # DVCLive never reports to a hosted service
     if p.strategy == "ddp_spawn":
         env.update({"MASTER_ADDR": p.master_addr, "MASTER_PORT": str(port)})
     if _is_loopback(p.master_addr):
@@ -202,9 +207,25 @@ def train(p: TrainConfig, logger: logging.Logger | logging.LoggerAdapter | None 
     with sigterm_raises():
         summary = _launch(p, cmd, env, staging, logger)
     if p.node_rank == 0:
+        summary.curves = str(_publish_live_log(p, staging, summary))
         swap_dir(staging, out_dir)
     summary.out_dir = str(out_dir)
     return summary
+
+
+def _publish_live_log(p: TrainConfig, staging: Path, summary: TrainSummary) -> Path:
+    """Move the run's DVCLive log out of the checkpoint folder into `live_dir`, whole, with its curves PNG."""
+    live_dir = Path(p.live_dir)
+    log = staging / LIVE_DIR
+    if not log.is_dir():
+        raise StageError(f"training wrote no DVCLive log at {log}; see {staging / LOG_NAME}")
+    write_curves(log, log / CURVES, summary.monitor, summary.best_epoch, summary.stopped_early)
+    recover_dir(live_dir)
+    staged = temp_dir_beside(live_dir)
+    staged.rmdir()
+    os.rename(log, staged)
+    swap_dir(staged, live_dir)
+    return live_dir / CURVES
 
 
 def _launch(p: TrainConfig, cmd: list[str], env: dict[str, str], out_dir: Path,
