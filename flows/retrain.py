@@ -73,7 +73,25 @@ def _transient(task: Any, task_run: Any, state: Any) -> bool:
 def download_task(params: DownloadParams) -> Any:
     from tasks.download import download
 
-    return download(params)
+    try:
+        result = download(params)
+    except StageError:
+        _drift_artifact(params)  # a stopped batch: its figures in the UI, then the flow stops
+        raise
+    _drift_artifact(params)
+    return result
+
+
+def _drift_artifact(params: DownloadParams) -> None:
+    """The drift gate's report of the batch this run took in (or stopped), as a markdown artifact."""
+    report = params.report_dir / "drift.md"
+    drift = read_json_if_present(params.report_dir / "drift.json") or {}
+    if params.synthetic.batch and report.is_file() and drift.get("batch") == params.synthetic.batch:
+        verdict = "PASSED" if drift.get("passed") and not drift.get("warned") else (
+            "WARNED" if drift.get("passed") else "FAILED")
+        markdown = report.read_text() + f"\n\nPer-column drift (PNG): `{params.report_dir / 'drift.png'}`\n"
+        create_markdown_artifact(key="retrain-drift", markdown=markdown,
+                                 description=f"Drift gate {verdict}: batch {params.synthetic.batch}")
 
 
 @task(name="validate", retries=0, cache_policy=NO_CACHE)
@@ -225,6 +243,7 @@ def retrain(
     overrides: ParamOverrides | None = None,  # type: ignore[valid-type]
     promote_model: bool = True,
     version_outputs: bool = True,
+    next_batch: bool = False,
 ) -> RetrainResult:
     """Retrain, version and (if better) promote the PetFinder fusion model.
 
@@ -235,12 +254,21 @@ def retrain(
         overrides: params.yaml keys to replace for this run, e.g. {"train": {"max_epochs": 1}}.
         promote_model: compare with the champion and promote if better.
         version_outputs: `dvc commit` + `dvc push` the outputs and write a run manifest.
+        next_batch: take in the batch after the last one seen (taken in or quarantined), as the nightly
+            run does: `download.synthetic.batch` for this run (what arrives is data, not configuration).
     """
     logger = get_run_logger()
     changes = overrides_dict(overrides)
     if source is not None:
         changes.setdefault("download", {})["source"] = source
     params = resolve_params(params_path, changes)
+    if next_batch:
+        from tasks.download.batches import last_batch_seen
+
+        batch = last_batch_seen(params.download) + 1
+        changes.setdefault("download", {}).setdefault("synthetic", {})["batch"] = batch
+        params = resolve_params(params_path, changes)
+        logger.info("retrain: taking in batch %d", batch)
     run_id = _run_id()
     log_dir = params.version.manifest_dir
     with _workspace_lock(log_dir):
@@ -293,6 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--set", dest="assignments", action="append", default=[], metavar="SECTION.KEY=VALUE",
         help="override one params.yaml key for this run (repeatable), e.g. --set train.max_epochs=2",
     )
+    parser.add_argument("--next-batch", action="store_true",
+                        help="take in the batch after the last one seen, as the nightly deployment does")
     parser.add_argument("--no-promote", action="store_true", help="stop after versioning; keep the champion")
     parser.add_argument("--no-version", action="store_true", help="skip dvc commit/push and the run manifest")
     return parser
@@ -312,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     start_reaper()  # a SIGKILL of this process must not leave Prefect's temporary server running
     state = retrain(
         params_path=args.params, source=args.source, overrides=overrides,
-        promote_model=not args.no_promote, version_outputs=not args.no_version, return_state=True,
+        promote_model=not args.no_promote, version_outputs=not args.no_version, next_batch=args.next_batch,
+        return_state=True,
     )
     if not state.is_completed():
         print(f"error: the retrain flow ended {state.name}: {state.message}", file=sys.stderr)

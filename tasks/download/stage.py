@@ -15,20 +15,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 from pydantic import BaseModel
 
 from fusion_model import schema
-from tasks._io.files import write_json
 from tasks._io.folders import recover_dir, swap_dir, temp_dir_beside
-from tasks._io.hashing import file_hashes, fingerprint
+from tasks.download.batches import take_in
 from tasks.download.local import from_local
+from tasks.download.manifest import read_manifest, write_manifest
 from tasks.download.synthetic import generate
 from tasks.download.url import from_url
-from tasks.errors import StageError
-from tasks.params import DownloadParams
-
-MANIFEST = "manifest.json"
+from tasks.params import FEED_KEYS, DownloadParams
+from tasks.validate.drift import no_batch_report, write_drift_report
 
 
 class DownloadSummary(BaseModel):
@@ -42,13 +39,54 @@ class DownloadSummary(BaseModel):
     seconds: float
     url: str | None = None
     attempts: int | None = None
+    batch: dict[str, Any] | None = None  # the arriving batch this run took in (download.synthetic.batch)
+    batches_taken_in: list[int] = []
 
 
 def download(p: DownloadParams) -> DownloadSummary:
-    """Write ``p.out_dir`` (dataset folder + manifest.json) from the configured source, all or nothing."""
+    """Write ``p.out_dir`` (dataset folder + manifest.json) from the configured source, all or nothing, then
+    take in the arriving batch ``download.synthetic.batch`` (> 0) after its checks (tasks/download/batches.py).
+
+    The base dataset is rebuilt from its source each run, except when the folder already holds accepted
+    batches of the same base: rebuilding would drop them, so the accumulated data is kept as it is.
+    """
     start = time.perf_counter()
     out_dir = Path(p.out_dir)
     recover_dir(out_dir)  # an earlier run killed mid-swap: put its previous tree back, drop its leftovers
+    current = read_manifest(out_dir) if (out_dir / schema.DATASET_DIRNAME).is_dir() else None
+    keep = current is not None and current.get("batches") and current.get("base") == base_origin(p)
+    origin = current if keep else _build_base(p, out_dir)
+    batch = take_in(p) if p.synthetic.batch > 0 else None
+    if batch is None:
+        write_drift_report(no_batch_report(), Path(p.report_dir))
+    manifest = read_manifest(out_dir) or {}
+    return DownloadSummary(
+        source=p.source,
+        out_dir=str(out_dir),
+        dataset_dir=str(out_dir / schema.DATASET_DIRNAME),
+        sha256=manifest["sha256"],
+        rows=manifest["rows"],
+        label_counts=manifest["label_counts"],
+        files=len(manifest["files"]),
+        seconds=round(time.perf_counter() - start, 3),
+        url=origin.get("url"),
+        attempts=origin.get("attempts"),
+        batch=batch,
+        batches_taken_in=[b["batch"] for b in manifest.get("batches", [])],
+    )
+
+
+def base_origin(p: DownloadParams) -> dict[str, Any]:
+    """What the base dataset is made from (the feed keys of arriving batches left out)."""
+    if p.source == "synthetic":
+        return {"source": "synthetic", "synthetic": p.synthetic.model_dump(mode="json", exclude=FEED_KEYS)}
+    if p.source == "local":
+        return {"source": "local", "local": p.local.model_dump(mode="json")}
+    return {"source": "url", "url": p.url, "sha256": p.sha256}
+
+
+def _build_base(p: DownloadParams, out_dir: Path) -> dict[str, Any]:
+    """The base dataset from its source, in a staging folder beside out_dir, swapped in whole."""
     # Beside out_dir, so the final swap stays on one filesystem (renames, never copies).
     staging = temp_dir_beside(out_dir, "incoming")
     try:
@@ -61,48 +99,8 @@ def download(p: DownloadParams) -> DownloadSummary:
             origin = from_local(p.local, new)
         else:
             origin = from_url(p, staging, new)
-        dataset = new / schema.DATASET_DIRNAME
-        files = file_hashes(dataset)
-        counts = _counts(dataset)
-        manifest = {
-            **origin,
-            # The archive's hash for a download, else a fingerprint of every generated file.
-            "sha256": origin.get("archive_sha256") or fingerprint(files),
-            "dataset_dir": schema.DATASET_DIRNAME,
-            **counts,
-            "files": files,  # last: thousands of lines
-        }
-        write_json(new / MANIFEST, manifest)
+        write_manifest(new, origin, base_origin(p))
         swap_dir(new, out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return DownloadSummary(
-        source=p.source,
-        out_dir=str(out_dir),
-        dataset_dir=str(out_dir / schema.DATASET_DIRNAME),
-        sha256=manifest["sha256"],
-        rows=counts["rows"],
-        label_counts=counts["label_counts"],
-        files=len(files),
-        seconds=round(time.perf_counter() - start, 3),
-        url=origin.get("url"),
-        attempts=origin.get("attempts"),
-    )
-
-
-def _counts(dataset: Path) -> dict[str, Any]:
-    rows: dict[str, int] = {}
-    labels: dict[str, dict[str, int]] = {}
-    for split in ("train", "test"):
-        path = dataset / f"{split}.csv"
-        try:
-            frame = pd.read_csv(path, index_col=0, keep_default_na=False, low_memory=False)
-        except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as e:
-            raise StageError(f"{path}: not a readable CSV ({e}); the download is damaged, run the stage again.") from None
-        rows[split] = len(frame)
-        if schema.LABEL in frame.columns:  # validation reports a missing label; here we only count
-            counts = frame[schema.LABEL].astype(str).value_counts()
-            labels[split] = {k: int(counts[k]) for k in sorted(counts.index)}
-    return {"rows": rows, "label_counts": labels}
-
-
+    return origin

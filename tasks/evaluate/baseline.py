@@ -39,6 +39,7 @@ MAX_CATEGORIES = 250
 class BaselineResult:
     proba: np.ndarray  # test rows x classes, columns in `classes` order
     seconds: float
+    others: tuple[np.ndarray, ...] = ()  # the same for each extra table scored (e.g. a batch's holdout)
 
 
 def _texts(df: pd.DataFrame) -> pd.Series:
@@ -51,9 +52,10 @@ def _text_model(seed: int) -> tuple[TfidfVectorizer, LogisticRegression]:
     return vectorizer, LogisticRegression(C=2.0, max_iter=2000, random_state=seed)
 
 
-def _text_scores(train: pd.DataFrame, test: pd.DataFrame, y: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Out-of-fold class probabilities of the text model on `train`; full-fit probabilities on `test`."""
-    texts, test_texts = _texts(train), _texts(test)
+def _text_scores(train: pd.DataFrame, tests: list[pd.DataFrame], y: np.ndarray,
+                 seed: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Out-of-fold class probabilities of the text model on `train`; full-fit probabilities on each test."""
+    texts = _texts(train)
     n_classes = len(np.unique(y))
     oof = np.zeros((len(train), n_classes))
     folds = StratifiedKFold(n_splits=min(FOLDS, int(np.bincount(y).min())), shuffle=True, random_state=seed)
@@ -63,7 +65,7 @@ def _text_scores(train: pd.DataFrame, test: pd.DataFrame, y: np.ndarray, seed: i
         oof[score_rows] = model.predict_proba(vectorizer.transform(texts.iloc[score_rows]))
     vectorizer, model = _text_model(seed)
     model.fit(vectorizer.fit_transform(texts), y)
-    return oof, model.predict_proba(vectorizer.transform(test_texts))
+    return oof, [model.predict_proba(vectorizer.transform(_texts(test))) for test in tests]
 
 
 def _tabular(df: pd.DataFrame, categories: dict[str, list[int]]) -> pd.DataFrame:
@@ -87,21 +89,28 @@ def _frequent_categories(train: pd.DataFrame) -> dict[str, list[int]]:
     return out
 
 
-def fit_and_score(train: pd.DataFrame, test: pd.DataFrame, classes: list[int], seed: int) -> BaselineResult:
-    """Fit on `train` (validated rows with the label), return class probabilities for `test`."""
+def fit_and_score(train: pd.DataFrame, test: pd.DataFrame, classes: list[int], seed: int,
+                  others: tuple[pd.DataFrame, ...] = ()) -> BaselineResult:
+    """Fit on `train` (validated rows with the label), return class probabilities for `test` (and `others`)."""
     started = time.perf_counter()
     y = train[LABEL].map({c: i for i, c in enumerate(classes)}).to_numpy()
-    oof, test_text = _text_scores(train, test, y, seed)
+    tests = [test, *others]
+    oof, text_scores = _text_scores(train, tests, y, seed)
     categories = _frequent_categories(train)
-    x_train, x_test = _tabular(train, categories), _tabular(test, categories)
+    x_train, x_tests = _tabular(train, categories), [_tabular(t, categories) for t in tests]
     for k in range(1, oof.shape[1]):  # one column is redundant (rows sum to 1)
-        x_train[f"text_score_{k}"], x_test[f"text_score_{k}"] = oof[:, k], test_text[:, k]
+        x_train[f"text_score_{k}"] = oof[:, k]
+        for x, scores in zip(x_tests, text_scores, strict=True):
+            x[f"text_score_{k}"] = scores[:, k]
     gbdt = HistGradientBoostingClassifier(
         learning_rate=0.05, max_iter=600, max_leaf_nodes=31, min_samples_leaf=30, l2_regularization=1.0,
         categorical_features="from_dtype", early_stopping=True, validation_fraction=0.15, n_iter_no_change=30,
         random_state=seed,
     )
     gbdt.fit(x_train, y)
-    proba = np.zeros((len(test), len(classes)))
-    proba[:, gbdt.classes_] = gbdt.predict_proba(x_test)
-    return BaselineResult(proba=proba, seconds=round(time.perf_counter() - started, 2))
+    probas = []
+    for x in x_tests:
+        proba = np.zeros((len(x), len(classes)))
+        proba[:, gbdt.classes_] = gbdt.predict_proba(x)
+        probas.append(proba)
+    return BaselineResult(proba=probas[0], seconds=round(time.perf_counter() - started, 2), others=tuple(probas[1:]))

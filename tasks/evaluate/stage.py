@@ -168,6 +168,12 @@ def render_markdown(
         verdict = "beats" if vs["delta"] > 0 else "ties" if vs["delta"] == 0 else "LOSES TO"
         lines += ["", f"The fusion model {verdict} the baseline on {vs['metric']}: {_fmt(vs['model'])} vs "
                       f"{_fmt(vs['baseline'])} ({vs['delta']:+.4f}). Baseline: {baseline['model']}."]
+    holdout = metrics.get("holdout")
+    if holdout:
+        value = holdout["metrics"].get(primary)
+        versus = (holdout.get("baseline") or {}).get(primary)
+        lines += ["", f"Newest batch's holdout ({holdout['file']}, {holdout['rows']} rows): {primary} {_fmt(value)}"
+                      + (f", baseline {_fmt(versus)}." if holdout.get("baseline") else ".")]
     if ablation:
         lines += ["", f"| modality masked | {ablation['metric']} | drop vs full |", "|---|---|---|"]
         for modality, entry in ablation["modalities"].items():
@@ -177,10 +183,28 @@ def render_markdown(
     return "\n".join(lines) + "\n"
 
 
-def fit_baseline(data_dir: Path, test: pd.DataFrame, classes: list[int], seed: int) -> BaselineResult:
-    """The classical baseline fitted on the validated training rows (train + val), scored on `test`."""
+def fit_baseline(data_dir: Path, test: pd.DataFrame, classes: list[int], seed: int,
+                 others: tuple[pd.DataFrame, ...] = ()) -> BaselineResult:
+    """The classical baseline fitted on the validated training rows (train + val), scored on `test` (and
+    `others`)."""
     rows = pd.concat([pd.read_parquet(data_dir / f"{split}.parquet") for split in ("train", "val")], ignore_index=True)
-    return fit_and_score(rows, test, classes, seed)
+    return fit_and_score(rows, test, classes, seed, others)
+
+
+def holdout_metrics(predictor: Any, holdout: pd.DataFrame, meta: dict[str, Any], images_root: Path, batch_size: int,
+                    baseline_proba: np.ndarray | None) -> dict[str, Any]:
+    """The model (and the baseline) on the newest arriving batch's held-out rows: how it does on the data
+    that just arrived, beside the frozen test set that keeps runs comparable."""
+    label, classes, kind = meta["label"], [int(c) for c in meta["classes"]], meta["label_kind"]
+    y = holdout[label].to_numpy()
+    proba = as_class_probabilities(predictor.predict_proba(holdout.drop(columns=[label]), images_root,
+                                                          batch_size=batch_size), classes)
+    out: dict[str, Any] = {"file": meta.get("holdout"), "rows": int(len(holdout)),
+                           "fingerprint": fingerprint_test_set(holdout, label),
+                           "metrics": compute_metrics(y, proba, classes, kind)}
+    if baseline_proba is not None:
+        out["baseline"] = compute_metrics(y, as_class_probabilities(baseline_proba, classes), classes, kind)
+    return out
 
 
 def evaluate(p: EvaluateParams) -> EvaluationSummary:
@@ -199,11 +223,17 @@ def evaluate(p: EvaluateParams) -> EvaluationSummary:
         m: predictor.predict_proba(features, images_root, drop_modalities=(m,), batch_size=p.batch_size)
         for m in predictor.model.modalities  # a model without photos to learn from has no image input
     }
-    baseline = fit_baseline(p.data_dir, table, classes, p.seed) if p.baseline else None
-    provenance = {
+    holdout_path = p.data_dir / "holdout.parquet"
+    holdout = pd.read_parquet(holdout_path) if holdout_path.is_file() else None
+    extra = (holdout,) if holdout is not None else ()
+    baseline = fit_baseline(p.data_dir, table, classes, p.seed, extra) if p.baseline else None
+    provenance: dict[str, Any] = {
         "test_set": {"path": str(p.data_dir / "test.parquet"), "fingerprint": fingerprint_test_set(table, label)},
         "model": {"path": str(p.model_dir), "sha256": sha256_file(p.model_dir / WEIGHTS)},
     }
+    if holdout is not None:
+        provenance["holdout"] = holdout_metrics(predictor, holdout, meta, images_root, p.batch_size,
+                                                baseline.others[0] if baseline is not None else None)
 
     p.out_dir.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(p.out_dir.parent / f".{p.out_dir.name}.lock"):

@@ -20,18 +20,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 from filelock import FileLock, Timeout
 from pydantic import BaseModel
 
 from fusion_model.layout import MODEL_FILES, WEIGHTS
 from tasks._io import hashing
-from tasks._io.files import read_json
+from tasks._io.files import read_json, read_json_if_present
 from tasks._io.hashing import sha256_file
 from tasks.errors import StageError
 from tasks.evaluate.inputs import load_predictor, load_test_set, missing_model_files, model_dir_problem
 from tasks.evaluate.metrics import fingerprint_test_set, primary_score
 from tasks.params import PromoteParams
 from tasks.promote import registry
+from tasks.promote.plots import SCORE_HISTORY, write_score_history
 
 CHAMPION_FILES: tuple[str, ...] = (*MODEL_FILES, "metrics.json")
 HISTORY_NAME = "history.jsonl"
@@ -55,10 +57,18 @@ class PromotionDecision(BaseModel):
     data_sha256: str  # the validated tables this decision was made on (train, val, test, meta.json)
     run_id: str | None = None
     champion_version: int | None = None  # the registry's version number when promoted
+    # both models on the newest arriving batch's held-out rows (the decision itself is on the test set)
+    holdout: dict[str, Any] | None = None
+    drift_warnings: list[str] = []  # columns the drift gate warned on for the batch this run took in
 
 
 def history_path(champion_dir: Path) -> Path:
     return champion_dir.parent / HISTORY_NAME
+
+
+def score_history_path(champion_dir: Path) -> Path:
+    """The PNG of every challenger's and champion's score over the runs, beside history.jsonl."""
+    return champion_dir.parent / SCORE_HISTORY
 
 
 def _metric_of(metrics: dict[str, Any], path: Path, fix: str) -> tuple[str, float]:
@@ -140,6 +150,11 @@ def _champion_state(champion_dir: Path) -> dict[str, Any] | None:
 def rescore(model_dir: Path, data_dir: Path, batch_size: int) -> float | None:
     """A model's primary metric on the current test set; None if it predicts another label set."""
     table, meta, images_root = load_test_set(data_dir)
+    return score_on(model_dir, table, meta, images_root, batch_size)
+
+
+def score_on(model_dir: Path, table: Any, meta: dict[str, Any], images_root: Path, batch_size: int) -> float | None:
+    """A model's primary metric on a validated table; None if it predicts another label set."""
     predictor = load_predictor(model_dir)
     proba = np.asarray(predictor.predict_proba(table.drop(columns=[meta["label"]]), images_root, batch_size=batch_size))
     classes = [int(c) for c in meta["classes"]]
@@ -212,6 +227,27 @@ def _decide(p: PromoteParams, challenger: dict[str, Any]) -> PromotionDecision:
     return PromotionDecision(promoted=False, reason=reason, **decision)
 
 
+def _holdout_and_drift(p: PromoteParams, challenger: dict[str, Any], decision: PromotionDecision) -> None:
+    """Beside the decision (made on the frozen test set): both models on the newest batch's holdout, and
+    the drift gate's warnings for that batch, said in the reason."""
+    holdout = challenger.get("holdout")
+    holdout_path = p.data_dir / "holdout.parquet"
+    if holdout and holdout_path.is_file():
+        name = decision.metric
+        entry = {"file": holdout.get("file"), "rows": holdout.get("rows"),
+                 "challenger": (holdout.get("metrics") or {}).get(name), "champion": None}
+        if decision.previous_champion_sha256 is not None:
+            _, meta, images_root = load_test_set(p.data_dir)
+            entry["champion"] = score_on(p.champion_dir, pd.read_parquet(holdout_path), meta, images_root,
+                                         p.batch_size)
+        decision.holdout = entry
+    drift = read_json_if_present(p.drift_report) or {}
+    if drift.get("warned"):
+        decision.drift_warnings = list(drift.get("warnings") or [])
+        decision.reason += (f"; the drift gate warned on {', '.join(decision.drift_warnings)} for batch "
+                            f"{drift.get('batch')} (see {p.drift_report.with_suffix('.md')})")
+
+
 def _install(p: PromoteParams, decision: PromotionDecision, run_manifest: dict[str, Any] | None) -> None:
     """Keep the challenger in the registry, then make it the champion (one link flip)."""
     files = {name: p.model_dir / name for name in MODEL_FILES} | {"metrics.json": p.eval_dir / "metrics.json"}
@@ -254,8 +290,13 @@ def render_decision_markdown(decision: PromotionDecision) -> str:
         "| | score |\n|---|---|\n"
         f"| challenger {decision.metric} | {fmt(decision.challenger_score)} |\n"
         f"| champion {decision.metric}{rescored} | {fmt(decision.champion_score)} |\n"
-        f"| classical baseline {decision.metric} (same test rows) | {fmt(decision.baseline_score)} |\n\n"
-        f"Champion folder: `{decision.champion_dir}`; history: `{history_path(decision.champion_dir)}`.\n"
+        f"| classical baseline {decision.metric} (same test rows) | {fmt(decision.baseline_score)} |\n"
+        + (f"| challenger on the newest batch's holdout | {fmt(decision.holdout['challenger'])} |\n"
+           f"| champion on the newest batch's holdout | {fmt(decision.holdout['champion'])} |\n"
+           if decision.holdout else "")
+        + "\n"
+        f"Champion folder: `{decision.champion_dir}`; history: `{history_path(decision.champion_dir)}`; every "
+        f"run's scores (PNG): `{score_history_path(decision.champion_dir)}`.\n"
     )
 
 
@@ -285,10 +326,12 @@ def promote(p: PromoteParams, run_manifest: Path | None = None) -> PromotionDeci
         with lock:
             registry.reconcile(p.champion_dir)  # what an interrupted promotion left
             decision = _decide(p, challenger)
+            _holdout_and_drift(p, challenger, decision)
             decision.run_id = (manifest or {}).get("run_id")
             if decision.promoted:
                 _install(p, decision, manifest)
             append_history(history_path(p.champion_dir), decision)
+            write_score_history(read_history(p.champion_dir), score_history_path(p.champion_dir))
     except Timeout:
         raise StageError(
             f"another promotion into {p.champion_dir} held {lock.lock_file} for {p.lock_timeout_s:.0f} s; wait "

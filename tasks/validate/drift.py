@@ -25,10 +25,11 @@ from typing import Annotated, Any, Literal
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field
 
 from fusion_model.schema import CATEGORICAL_COLUMNS, IMAGES, LABEL, LABEL_SETS, NUMERIC_COLUMNS, split_images
 from tasks._io.files import write_bytes, write_json, write_text
+from tasks.params import DriftGateParams as DriftThresholds  # params.yaml download.drift_gate
 from tasks.validate import drift_stats
 
 LabelKind = Literal["binary", "multiclass"]
@@ -39,31 +40,6 @@ LENGTH_SUFFIX = "_length"
 MISSING_PHOTOS = "missing_photos"
 MAX_CODES_IN_REASON = 5
 MAX_CODES_IN_TABLE = 20
-
-
-class DriftThresholds(BaseModel):
-    """Warn / fail limits of each gated figure (a figure strictly above its limit warns / fails)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    psi_warn: float = Field(0.1, ge=0, description="PSI of a numeric column or text length")
-    psi_fail: float = Field(0.25, ge=0)
-    category_psi_warn: float = Field(0.1, ge=0, description="PSI of a categorical column's frequent codes + other")
-    category_psi_fail: float = Field(0.25, ge=0)
-    unseen_warn: float = Field(0.02, ge=0, le=1, description="share of batch rows with a code the reference never had")
-    unseen_fail: float = Field(0.05, ge=0, le=1)
-    label_rate_warn: float = Field(0.05, ge=0, le=1, description="largest |class rate in batch - in reference|")
-    label_rate_fail: float = Field(0.10, ge=0, le=1)
-    missing_photo_warn: float = Field(0.10, ge=0, le=1, description="|share of rows without a photo, batch - reference|")
-    missing_photo_fail: float = Field(0.20, ge=0, le=1)
-    min_rows: int = Field(50, ge=1, description="a smaller batch is refused: too few rows to judge")
-
-    @model_validator(mode="after")
-    def _warn_not_above_fail(self) -> DriftThresholds:
-        for name in ("psi", "category_psi", "unseen", "label_rate", "missing_photo"):
-            if getattr(self, f"{name}_warn") > getattr(self, f"{name}_fail"):
-                raise ValueError(f"{name}_warn must not be above {name}_fail")
-        return self
 
 
 class _Column(BaseModel):

@@ -44,6 +44,10 @@ from tasks.validate.tables import (
 )
 
 TABLES: tuple[tuple[str, str], ...] = (("train", "train.csv"), ("test", "test.csv"))
+# Tables that must hold every class (a model cannot learn a class it never sees): the training rows, and
+# an arriving batch, which joins them.
+TRAINING_TABLES = frozenset({"train", "batch"})
+HOLDOUT_DIR = "holdout"  # per-batch holdouts of arriving data: holdout/batch-<N>.csv (tasks/download/batches.py)
 REPORT_FILES = ("validation.json", "validation.md", "validation.html")
 
 
@@ -83,7 +87,7 @@ def _run_suite(frames: dict[str, pd.DataFrame], classes: list[int]) -> dict[str,
         ))
         result = checkpoint.run(
             batch_parameters={"dataframe": frame},
-            expectation_parameters=suite_parameters(classes, require_all_classes=name == "train"),
+            expectation_parameters=suite_parameters(classes, require_all_classes=name in TRAINING_TABLES),
         )
         (validation,) = result.run_results.values()
         out[name] = [r.to_json_dict() for r in validation.results]
@@ -111,13 +115,17 @@ def _dataset_root_for_meta(dataset_dir: Path, out_dir: Path) -> str:
 
 
 def write_outputs(
-    tables: dict[str, pd.DataFrame], params: ValidateParams, classes: list[int], dataset_dir: Path
+    tables: dict[str, pd.DataFrame], params: ValidateParams, classes: list[int], dataset_dir: Path,
+    holdout_file: str | None = None,
 ) -> dict[str, int]:
-    """Write train/val/test parquet + meta.json into a temporary folder beside out_dir, then swap."""
+    """Write train/val/test (and the newest batch's holdout) parquet + meta.json into a temporary folder
+    beside out_dir, then swap."""
     out_dir = Path(params.out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     train, val = stratified_split(tables["train"], params.val_fraction, params.seed)
     splits = {"train": train, "val": val, "test": tables["test"]}
+    if "holdout" in tables:
+        splits["holdout"] = tables["holdout"]
     recover_dir(out_dir)  # a crash in an earlier swap left the last good output under a backup name
     staged = temp_dir_beside(out_dir)
     try:
@@ -130,6 +138,7 @@ def write_outputs(
             "label_kind": params.label_kind,
             "classes": classes,
             "rows": rows,
+            "holdout": holdout_file,  # the newest arriving batch's held-out rows, scored beside the test set
         }
         write_json(staged / "meta.json", meta)
         swap_dir(staged, out_dir)
@@ -138,14 +147,13 @@ def write_outputs(
     return rows
 
 
-def validate(params: ValidateParams) -> ValidateSummary:
-    """Validate `params.dataset_dir`; on success write `params.out_dir`, always write the reports."""
-    started = time.perf_counter()
-    dataset_dir = Path(params.dataset_dir)
-    report_dir = Path(params.report_dir)
-    classes = list(LABEL_SETS[params.label_kind])
+def check_tables(dataset_dir: Path, tables: list[tuple[str, str]], label_kind: str,
+                 workers: int) -> tuple[ValidationReport, dict[str, pd.DataFrame]]:
+    """Run the suite on each `(name, file)` of `dataset_dir`: the report (every problem of every table)
+    and the checked frames of the tables that loaded."""
+    classes = list(LABEL_SETS[label_kind])
     report = ValidationReport(
-        success=False, dataset_dir=str(dataset_dir), label_kind=params.label_kind, classes=classes,
+        success=False, dataset_dir=str(dataset_dir), label_kind=label_kind, classes=classes,
         suite=SUITE_NAME, gx_version=_gx_version(),
     )
     raw_tables: dict[str, RawTable] = {}
@@ -154,14 +162,14 @@ def validate(params: ValidateParams) -> ValidateSummary:
             f"{dataset_dir}: no such folder; run `python -m tasks download` first or set validate.dataset_dir"
         )
     else:
-        for name, file in TABLES:
+        for name, file in tables:
             try:
                 raw_tables[name] = read_raw(name, dataset_dir / file)
             except TableLoadError as e:
                 report.problems.append(str(e))
     frames: dict[str, pd.DataFrame] = {}
     if raw_tables:  # a table that loaded is still checked when the other did not: one report, all problems
-        frames = {name: validation_frame(t, dataset_dir, params.workers) for name, t in raw_tables.items()}
+        frames = {name: validation_frame(t, dataset_dir, workers) for name, t in raw_tables.items()}
         results = _run_suite(frames, classes)
         outcomes: list[Outcome] = []
         for name, table in raw_tables.items():
@@ -169,10 +177,29 @@ def validate(params: ValidateParams) -> ValidateSummary:
         report.outcomes = outcomes
         report.tables = [table_summary(t, outcomes) for t in raw_tables.values()]
         report.success = not report.problems and all(t.success for t in report.tables)
+    return report, frames
+
+
+def newest_holdout(dataset_dir: Path) -> tuple[str, str] | None:
+    """("holdout", relative file) of the newest batch's holdout in the dataset, if any batch arrived."""
+    files = sorted((dataset_dir / HOLDOUT_DIR).glob("batch-*.csv"))
+    return ("holdout", f"{HOLDOUT_DIR}/{files[-1].name}") if files else None
+
+
+def validate(params: ValidateParams) -> ValidateSummary:
+    """Validate `params.dataset_dir`; on success write `params.out_dir`, always write the reports."""
+    started = time.perf_counter()
+    dataset_dir = Path(params.dataset_dir)
+    report_dir = Path(params.report_dir)
+    classes = list(LABEL_SETS[params.label_kind])
+    holdout = newest_holdout(dataset_dir) if dataset_dir.is_dir() else None
+    report, frames = check_tables(dataset_dir, [*TABLES, *([holdout] if holdout else [])], params.label_kind,
+                                  params.workers)
     write_reports(report, report_dir)
     if not report.success:
         raise ValidationError(failure_message(report, str(report_dir / "validation.md")))
-    rows = write_outputs({n: typed_table(f) for n, f in frames.items()}, params, classes, dataset_dir)
+    rows = write_outputs({n: typed_table(f) for n, f in frames.items()}, params, classes, dataset_dir,
+                         holdout_file=holdout[1] if holdout else None)
     return ValidateSummary(
         out_dir=str(params.out_dir), report_dir=str(report_dir), label_kind=params.label_kind, classes=classes,
         rows=rows, warnings=report.warnings, seconds=round(time.perf_counter() - started, 2),

@@ -29,7 +29,7 @@ from pydantic import BaseModel
 from tasks._io.files import write_json
 from tasks._io.git import has_tracked_changes, head_rev
 from tasks.errors import StageError
-from tasks.params import Params, VersionParams, load_params
+from tasks.params import FEED_KEYS, Params, VersionParams, load_params
 
 LOCK_FILE = Path(".dvc/tmp/version.lock")
 
@@ -78,7 +78,16 @@ def committable_stages(stages: list[str], params_file: Path, effective: Params |
 
 
 def _section(params: Params, stage: str) -> Any:
-    return params.model_dump(mode="json", by_alias=True).get(stage)
+    """A stage's params section as DVC compares it, without the feed keys (which batch arrives is data the
+    stage takes in, not configuration: the version step commits a run that took batch N)."""
+    return _without_feed(params.model_dump(mode="json", by_alias=True)).get(stage)
+
+
+def _without_feed(dumped: dict[str, Any]) -> dict[str, Any]:
+    synthetic = (dumped.get("download") or {}).get("synthetic")
+    if isinstance(synthetic, dict):
+        dumped["download"]["synthetic"] = {k: v for k, v in synthetic.items() if k not in FEED_KEYS}
+    return dumped
 
 
 def overridden_keys(params_file: Path, effective: Params) -> list[str]:
@@ -92,8 +101,8 @@ def overridden_keys(params_file: Path, effective: Params) -> list[str]:
         elif old != new:
             changed.append(key)
 
-    diff(load_params(params_file).model_dump(mode="json", by_alias=True),
-         effective.model_dump(mode="json", by_alias=True), "")
+    diff(_without_feed(load_params(params_file).model_dump(mode="json", by_alias=True)),
+         _without_feed(effective.model_dump(mode="json", by_alias=True)), "")
     return changed
 
 

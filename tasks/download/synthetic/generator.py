@@ -5,8 +5,10 @@ unnamed index column, every Kaggle column in order, then ``Images`` (';'-separat
 
 Each row gets a hidden score per modality: tabular (computed from its codes), text (tilts the words of its
 Description) and image (tilts the lighting, colour and texture of its photos). The label comes from their
-weighted sum plus noise, so each modality alone is partly predictive and fusing all three is best. The
-same seed gives byte-identical files: one numpy Generator drawn in a fixed order, fixed JPEG quality, no
+weighted sum plus noise, so each modality alone is partly predictive and fusing all three is best.
+Arriving data: `generate_batch` draws batch N of new labelled rows from the same population, or from a
+drifted one (older animals, unseen codes, a moved label rate, broken photos). The same seed gives
+byte-identical files: one numpy Generator drawn in a fixed order, fixed JPEG quality, no
 timestamps, integers and strings only in the CSVs.
 """
 
@@ -32,6 +34,11 @@ W_TABULAR, W_TEXT, W_IMAGE, NOISE = 1.1, 1.0, 0.85, 0.85
 # cut points of the latent from the bottom, as standard-normal quantiles of .28, .497, .766, .972.
 _MULTICLASS_Z = np.array([-0.583, -0.008, 0.726, 1.911])
 EMPTY_NAME_SHARE = 0.06
+# Row ids of batch N start at N * this: unique across the base dataset (ids below n_train + n_test) and
+# every batch (up to this many rows each).
+BATCH_ROW_ID_STRIDE = 1_000_000
+# What `drift` can change in an arriving batch (SyntheticParams.drift).
+DRIFTS = ("numeric", "codes", "labels", "photos")
 EMPTY_DESCRIPTION_SHARE = 0.04
 
 _DOG_BREEDS = np.array(sorted(b for b, (t, _) in schema.breeds().items() if t == 1 and b != 307))
@@ -45,27 +52,7 @@ def generate(out_dir: Path, p: SyntheticParams) -> dict[str, Any]:
     """Write ``<out_dir>/petfinder_for_tutorial/`` (replacing one already there); return rows and label counts."""
     rng = np.random.default_rng(p.seed)
     n = p.n_train + p.n_test
-    table = _draw_tabular(rng, n)
-    tab_score = _standardise(_tabular_effect(table))
-
-    empty_text = rng.random(n) < EMPTY_DESCRIPTION_SHARE
-    text_score = np.where(empty_text, 0.0, rng.standard_normal(n))
-    image_score = rng.standard_normal(n)
-    latent = W_TABULAR * tab_score + W_TEXT * text_score + W_IMAGE * image_score + rng.normal(0, NOISE, n)
-    table[schema.LABEL] = _labels(latent, p.label_kind)
-
-    table["Name"] = draw_names(rng, n, EMPTY_NAME_SHARE)
-    table["Description"] = draw_descriptions(
-        rng, text_score, table["Type"], table["Age"], table["Color1"], empty_text
-    )
-    pet_ids = _hex_ids(rng, n, 9, unique=True)
-    n_images = rng.choice(np.array([1, 2, 3]), size=n, p=[0.6, 0.25, 0.15])
-    table["PhotoAmt"] = np.minimum(n_images + rng.poisson(1.5, n), 30)
-    table["PetID"] = pet_ids
-    table["Images"] = [
-        schema.IMAGE_SEPARATOR.join(f"images/{pid}-{k}.jpg" for k in range(1, int(m) + 1))
-        for pid, m in zip(pet_ids, n_images, strict=True)
-    ]
+    table, image_score, n_images = _draw_rows(rng, n, p.label_kind, drift=())
 
     dataset = Path(out_dir) / schema.DATASET_DIRNAME
     if dataset.exists():
@@ -85,6 +72,73 @@ def generate(out_dir: Path, p: SyntheticParams) -> dict[str, Any]:
         "label_counts": {"train": _counts(train), "test": _counts(test)},
         "images": int(n_images.sum()),
     }
+
+
+def generate_batch(out_dir: Path, p: SyntheticParams, batch: int) -> dict[str, Any]:
+    """Write batch `batch` (>= 1) of newly arrived labelled rows into `out_dir` (train.csv + images/), in
+    the tutorial layout, seeded by (seed, batch): the same batch is the same bytes, another batch other
+    rows of the same population; `p.drift` changes that population (see DRIFTS), by `p.drift_size`.
+
+    Row ids continue the base dataset's without clashing: batch N uses N * BATCH_ROW_ID_STRIDE + i.
+    """
+    if batch < 1:
+        raise ValueError(f"batch {batch}: batches start at 1 (batch 0 is the base dataset, `generate`)")
+    rng = np.random.default_rng([p.seed, batch])
+    drift = tuple(p.drift_kinds)
+    table, image_score, n_images = _draw_rows(rng, p.batch_rows, p.label_kind, drift, p.drift_size)
+    out_dir = Path(out_dir)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    (out_dir / "images").mkdir(parents=True)
+    _write_images(rng, out_dir, table, image_score, n_images, p.image_size)
+    broken = 0
+    if "photos" in drift:  # a broken feed: some first photos cut short, as an interrupted upload leaves them
+        rows = np.flatnonzero(rng.random(p.batch_rows) < min(1.0, 0.1 * p.drift_size))
+        for i in rows:
+            path = out_dir / schema.split_images(table["Images"][i])[0]
+            data = path.read_bytes()
+            path.write_bytes(data[: len(data) // 3])
+        broken = len(rows)
+    row_ids = batch * BATCH_ROW_ID_STRIDE + np.arange(p.batch_rows)
+    frame = pd.DataFrame({c: table[c] for c in schema.ALL_COLUMNS}, index=row_ids)
+    frame.to_csv(out_dir / "train.csv", lineterminator="\n")
+    return {"batch": batch, "rows": len(frame), "label_counts": _counts(frame), "drift": list(drift),
+            "drift_size": p.drift_size, "broken_photos": broken}
+
+
+def _draw_rows(rng: np.random.Generator, n: int, label_kind: str, drift: tuple[str, ...],
+               drift_size: float = 1.0) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
+    """The rows' columns, their image scores and image counts; `drift` kinds change the population."""
+    table = _draw_tabular(rng, n)
+    if "numeric" in drift:  # older animals arrive: Age stretched
+        table["Age"] = np.clip(np.rint(table["Age"] * (1 + 1.5 * drift_size)), 0, 255).astype(np.int64)
+    if "codes" in drift:  # a form that now records "not specified", codes the base data never holds
+        unspecified = rng.random(n) < min(1.0, 0.3 * drift_size)
+        table["FurLength"] = np.where(unspecified, 0, table["FurLength"])
+        table["MaturitySize"] = np.where(unspecified, 0, table["MaturitySize"])
+    tab_score = _standardise(_tabular_effect(table))
+
+    empty_text = rng.random(n) < EMPTY_DESCRIPTION_SHARE
+    text_score = np.where(empty_text, 0.0, rng.standard_normal(n))
+    image_score = rng.standard_normal(n)
+    latent = W_TABULAR * tab_score + W_TEXT * text_score + W_IMAGE * image_score + rng.normal(0, NOISE, n)
+    if "labels" in drift:  # adoptions got faster across the board: the label rate moves
+        latent = latent + 0.8 * drift_size
+    table[schema.LABEL] = _labels(latent, label_kind)
+
+    table["Name"] = draw_names(rng, n, EMPTY_NAME_SHARE)
+    table["Description"] = draw_descriptions(
+        rng, text_score, table["Type"], table["Age"], table["Color1"], empty_text
+    )
+    pet_ids = _hex_ids(rng, n, 9, unique=True)
+    n_images = rng.choice(np.array([1, 2, 3]), size=n, p=[0.6, 0.25, 0.15])
+    table["PhotoAmt"] = np.minimum(n_images + rng.poisson(1.5, n), 30)
+    table["PetID"] = pet_ids
+    table["Images"] = [
+        schema.IMAGE_SEPARATOR.join(f"images/{pid}-{k}.jpg" for k in range(1, int(m) + 1))
+        for pid, m in zip(pet_ids, n_images, strict=True)
+    ]
+    return table, image_score, n_images
 
 
 def _draw_tabular(rng: np.random.Generator, n: int) -> dict[str, Any]:

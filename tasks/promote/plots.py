@@ -1,0 +1,58 @@
+"""The metric of every challenger and champion over the runs, as one PNG a person opens offline.
+
+Drawn from history.jsonl (every promotion decision): per decision the challenger's score on the frozen
+test set, promoted or not, and the champion's score it was compared with; the champion's line steps up
+at each promotion.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+
+import matplotlib.pyplot as plt  # noqa: E402
+
+from tasks._io.files import write_bytes  # noqa: E402
+
+SCORE_HISTORY = "score_history.png"
+
+
+def write_score_history(decisions: list[dict[str, Any]], out: Path) -> Path | None:
+    """Plot `decisions` (history.jsonl, oldest first) into `out`; None when there is nothing to plot."""
+    if not decisions:
+        return None
+    runs = list(range(1, len(decisions) + 1))
+    metric = decisions[-1].get("metric", "score")
+    challenger = [d.get("challenger_score") for d in decisions]
+    champion: list[float | None] = []
+    best = None
+    for d in decisions:
+        if d.get("promoted"):
+            best = d.get("challenger_score")
+        champion.append(best)
+    fig, ax = plt.subplots(figsize=(8, 4), dpi=100)
+    ax.step(runs, champion, where="post", color="tab:green", label="champion after the run")
+    promoted = [(r, c) for r, c, d in zip(runs, challenger, decisions, strict=True) if d.get("promoted")]
+    kept = [(r, c) for r, c, d in zip(runs, challenger, decisions, strict=True) if not d.get("promoted")]
+    if promoted:
+        ax.scatter(*zip(*promoted, strict=True), color="tab:green", marker="^", s=60, label="challenger, promoted", zorder=3)
+    if kept:
+        ax.scatter(*zip(*kept, strict=True), color="tab:red", marker="x", s=50, label="challenger, not promoted", zorder=3)
+    baseline = [(r, d["baseline_score"]) for r, d in zip(runs, decisions, strict=True) if d.get("baseline_score") is not None]
+    if baseline:
+        ax.plot(*zip(*baseline, strict=True), color="grey", linestyle=":", marker=".", label="classical baseline")
+    ax.set(title=f"{metric} on the frozen test set, run by run", xlabel="promotion decision (run)", ylabel=metric)
+    ax.set_xticks(runs)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    write_bytes(out, buf.getvalue())
+    return out

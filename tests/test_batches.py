@@ -1,0 +1,126 @@
+"""Arriving batches through the real download stage: landed, validated alone, gated on drift, taken in.
+
+The base dataset and batches come from the embedded generator (small images, enough rows for the drift
+gate's statistics to be calm on batches of the same population).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from fusion_model import schema
+from tasks.download import download
+from tasks.download.batches import DriftGateError, last_batch_seen
+from tasks.params import DownloadParams, SyntheticParams, ValidateParams
+from tasks.validate import ValidationError, validate
+
+BATCH_ROWS = 400
+
+
+def _params(root: Path, batch: int, drift: str | list[str] = "none") -> DownloadParams:
+    return DownloadParams(
+        source="synthetic", out_dir=root / "data/raw", incoming_dir=root / "data/incoming",
+        quarantine_dir=root / "data/quarantine", report_dir=root / "reports",
+        synthetic=SyntheticParams(n_train=1500, n_test=300, image_size=8, seed=3, batch=batch,
+                                  batch_rows=BATCH_ROWS, drift=drift),
+    )
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _drift(root: Path) -> dict:
+    return json.loads((root / "reports/drift.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def accumulated(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The base dataset, then batches 1, 2, 3 taken in one after another; each step's tree kept."""
+    root = tmp_path_factory.mktemp("arriving")
+    trees = {}
+    for batch in (0, 1, 2, 3):
+        summary = download(_params(root, batch))
+        trees[batch] = _tree(root / "data/raw")
+        assert summary.batches_taken_in == list(range(1, batch + 1))
+    return {"root": root, "trees": trees}
+
+
+def test_each_batch_joins_the_accumulated_data(accumulated: dict) -> None:
+    root = accumulated["root"]
+    dataset = root / "data/raw" / schema.DATASET_DIRNAME
+    train = pd.read_csv(dataset / "train.csv", index_col=0)
+    held = int(round(BATCH_ROWS * 0.2))
+    assert len(train) == 1500 + 3 * (BATCH_ROWS - held)
+    assert sorted(p.name for p in (dataset / "holdout").iterdir()) == [f"batch-000{n}.csv" for n in (1, 2, 3)]
+    assert all(len(pd.read_csv(dataset / "holdout" / f"batch-000{n}.csv", index_col=0)) == held for n in (1, 2, 3))
+    assert len(pd.read_csv(dataset / "test.csv", index_col=0)) == 300  # the frozen test set never changes
+    assert train.index.is_unique and set(train.index[-(BATCH_ROWS - held):]) <= set(range(3_000_000, 3_000_000 + BATCH_ROWS))
+    manifest = json.loads((root / "data/raw/manifest.json").read_text())
+    assert [b["batch"] for b in manifest["batches"]] == [1, 2, 3]
+    assert manifest["rows"]["train"] == len(train)
+    assert _drift(root)["passed"] is True and _drift(root)["batch"] == 3 and _drift(root)["drifted"] == []
+    # every image a row names is in the accumulated dataset
+    missing = [p for cell in train["Images"] for p in schema.split_images(cell) if not (dataset / p).is_file()]
+    assert missing == []
+    trees = accumulated["trees"]
+    assert all(set(trees[n]) < set(trees[n + 1]) for n in (0, 1, 2))  # it only grows
+
+
+def test_a_batch_taken_in_twice_and_a_plain_run_change_nothing(accumulated: dict, tmp_path: Path) -> None:
+    root = tmp_path / "copy"
+    shutil.copytree(accumulated["root"], root)
+    before = _tree(root / "data/raw")
+    assert download(_params(root, 2)).batch["already_taken_in"] is True
+    download(_params(root, 0))  # the base of the same params: the accumulated data is kept, not rebuilt
+    assert _tree(root / "data/raw") == before
+    assert last_batch_seen(_params(root, 0)) == 3
+
+
+def test_a_drifted_batch_stops_before_training_and_is_quarantined(accumulated: dict, tmp_path: Path) -> None:
+    root = tmp_path / "copy"
+    shutil.copytree(accumulated["root"], root)
+    before = _tree(root / "data/raw")
+    with pytest.raises(DriftGateError) as err:
+        download(_params(root, 4, drift=["numeric", "codes"]))
+    report = _drift(root)
+    assert report["passed"] is False and report["batch"] == 4
+    assert "Age" in report["drifted"] and {"FurLength", "MaturitySize"} <= set(report["drifted"])
+    assert "Age" in str(err.value) and "quarantined" in str(err.value)
+    assert _tree(root / "data/raw") == before  # the accumulated data is untouched
+    quarantined = root / "data/quarantine/batch-0004"
+    assert (quarantined / "train.csv").is_file() and json.loads((quarantined / "drift.json").read_text())["drifted"]
+    assert not (root / "data/incoming/batch-0004").exists()
+    assert (root / "reports/drift.md").read_text().startswith("# Drift gate: FAILED")
+    assert (root / "reports/drift.png").read_bytes()[:4] == b"\x89PNG"
+    assert last_batch_seen(_params(root, 0)) == 4  # the nightly run moves on to batch 5
+
+
+def test_a_batch_with_broken_photos_is_refused_by_validation(accumulated: dict, tmp_path: Path) -> None:
+    root = tmp_path / "copy"
+    shutil.copytree(accumulated["root"], root)
+    before = _tree(root / "data/raw")
+    with pytest.raises(ValidationError, match="batch 5 is refused and quarantined") as err:
+        download(_params(root, 5, drift="photos"))
+    assert "image files decode" in str(err.value)
+    assert _tree(root / "data/raw") == before
+    quarantined = root / "data/quarantine/batch-0005"
+    assert "FAILED" in (quarantined / "validation.md").read_text()
+
+
+def test_validate_writes_the_newest_holdout_beside_the_frozen_test_set(accumulated: dict, tmp_path: Path) -> None:
+    root = accumulated["root"]
+    out = tmp_path / "validated"
+    summary = validate(ValidateParams(dataset_dir=root / "data/raw" / schema.DATASET_DIRNAME, out_dir=out,
+                                      report_dir=tmp_path / "reports", workers=1))
+    held = int(round(BATCH_ROWS * 0.2))
+    assert summary.rows["holdout"] == held and summary.rows["test"] == 300
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["holdout"] == "holdout/batch-0003.csv"
+    holdout = pd.read_parquet(out / "holdout.parquet")
+    assert holdout["row_id"].between(3_000_000, 3_000_000 + BATCH_ROWS).all()
