@@ -84,12 +84,12 @@ def download_task(params: DownloadParams) -> Any:
 
 def _drift_artifact(params: DownloadParams) -> None:
     """The drift gate's report of the batch this run took in (or stopped), as a markdown artifact."""
-    report = params.report_dir / "drift.md"
-    drift = read_json_if_present(params.report_dir / "drift.json") or {}
+    report = params.drift_reports / "drift.md"
+    drift = read_json_if_present(params.drift_reports / "drift.json") or {}
     if params.synthetic.batch and report.is_file() and drift.get("batch") == params.synthetic.batch:
         verdict = "PASSED" if drift.get("passed") and not drift.get("warned") else (
             "WARNED" if drift.get("passed") else "FAILED")
-        markdown = report.read_text() + f"\n\nPer-column drift (PNG): `{params.report_dir / 'drift.png'}`\n"
+        markdown = report.read_text() + f"\n\nPer-column drift (PNG): `{params.drift_reports / 'drift.png'}`\n"
         create_markdown_artifact(key="retrain-drift", markdown=markdown,
                                  description=f"Drift gate {verdict}: batch {params.synthetic.batch}")
 

@@ -122,9 +122,15 @@ class DownloadParams(_Section):
     # of each held out (scored beside the frozen test set), the gate they pass before joining
     incoming_dir: Path = Field(Path("data/incoming"), description="landing area: incoming/batch-<N>/")
     quarantine_dir: Path = Field(Path("data/quarantine"), description="refused batches, each with its report")
-    report_dir: Path = Field(Path("reports"), description="drift.json, drift.md, drift.png of the latest batch")
+    report_dir: Path | None = Field(
+        None, description="drift.json, drift.md, drift.png of the latest batch; null: a reports/ folder beside out_dir")
     holdout_fraction: float = Field(0.2, gt=0, lt=1, description="share of each batch held out for scoring")
     drift_gate: DriftGateParams = DriftGateParams()
+
+    @property
+    def drift_reports(self) -> Path:
+        """Where the drift gate's report goes (`report_dir`, params.yaml: reports)."""
+        return self.report_dir if self.report_dir is not None else Path(self.out_dir).parent / "reports"
 
 
 class ValidateParams(_Section):

@@ -101,7 +101,7 @@ def take_in(p: DownloadParams) -> dict[str, Any]:
     if done is not None:
         return {**done, "already_taken_in": True}
     landed = land(p)
-    report_dir = Path(p.report_dir)
+    report_dir = p.drift_reports
 
     report, frames = check_tables(landed, [("batch", "train.csv")], p.synthetic.label_kind, workers=2)
     if not report.success:

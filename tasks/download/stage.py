@@ -58,7 +58,7 @@ def download(p: DownloadParams) -> DownloadSummary:
     origin = current if keep else _build_base(p, out_dir)
     batch = take_in(p) if p.synthetic.batch > 0 else None
     if batch is None:
-        write_drift_report(no_batch_report(), Path(p.report_dir))
+        write_drift_report(no_batch_report(), p.drift_reports)
     manifest = read_manifest(out_dir) or {}
     return DownloadSummary(
         source=p.source,
