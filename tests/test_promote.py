@@ -82,7 +82,7 @@ def _challenger(root: Path, name: str, table: pd.DataFrame, skill: float, passed
     )
 
 
-LAYOUT = [".champion.lock", "champion", "champions.jsonl", "history.jsonl", "store"]
+LAYOUT = [".champion.lock", "champion", "champions.jsonl", "history.jsonl", "score_history.png", "store"]
 
 
 def _beside(champion: Path) -> list[str]:
@@ -122,8 +122,9 @@ def test_first_model_becomes_champion_with_every_file(tmp_path: Path, table: pd.
     assert champion.is_symlink() and os.readlink(champion) == f"store/{sha}"
     assert [(e.version, e.sha256) for e in registry.promotions(champion)] == [(1, sha)]
     assert decision.champion_version == 1
-    # Nothing half-written is left beside the champion.
+    # Nothing half-written is left beside the champion; every decision so far is on the scores plot.
     assert _beside(champion) == LAYOUT and sorted(f.name for f in (champion.parent / "store").iterdir()) == [sha]
+    assert (champion.parent / "score_history.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_a_challenger_that_loses_to_the_baseline_is_not_promoted(tmp_path: Path, table: pd.DataFrame) -> None:
