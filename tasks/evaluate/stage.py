@@ -185,10 +185,10 @@ def render_markdown(
 
 def fit_baseline(data_dir: Path, test: pd.DataFrame, classes: list[int], seed: int,
                  others: tuple[pd.DataFrame, ...] = ()) -> BaselineResult:
-    """The classical baseline fitted on the validated training rows (train + val), scored on `test` (and
-    `others`)."""
-    rows = pd.concat([pd.read_parquet(data_dir / f"{split}.parquet") for split in ("train", "val")], ignore_index=True)
-    return fit_and_score(rows, test, classes, seed, others)
+    """The classical baseline on the network's rows (fitted on train, stopped on val), scored on `test`
+    (and `others`)."""
+    train, val = (pd.read_parquet(data_dir / f"{split}.parquet") for split in ("train", "val"))
+    return fit_and_score(train, val, test, classes, seed, others)
 
 
 def holdout_metrics(predictor: Any, holdout: pd.DataFrame, meta: dict[str, Any], images_root: Path, batch_size: int,
