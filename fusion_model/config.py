@@ -32,13 +32,22 @@ class TrainConfig(BaseModel):
     pretrained: bool | Path = False
     image_size: int = Field(64, ge=16)
     image_index: int = Field(0, ge=0)
-    text_buckets: int = Field(4096, ge=16)
-    text_dim: int = Field(32, ge=1)
-    cat_dim: int = Field(16, ge=1)
+    # text: word 1..text_ngrams-grams hashed into text_buckets; those in >= text_min_df training rows get a
+    # row of the linear text logit (fusion_model/wide.py), weighted tf-idf
+    text_buckets: int = Field(262144, ge=16)
+    text_ngrams: int = Field(3, ge=1, le=5)
+    text_min_df: int = Field(2, ge=1)
+    text_max_features: int = Field(1024, ge=1)  # distinct n-grams kept per row
+    text_lr_multiplier: float = Field(1.5, gt=0)  # the text table's learning rate, times lr
+    # tabular: an embedding per code, standardised numerics and their piecewise-linear bins, and a linear
+    # logit per code beside the deep path
+    cat_dim: int = Field(4, ge=1)
+    numeric_bins: int = Field(16, ge=1)
+    category_logits: bool = True
     adapter_dim: int = Field(64, ge=1)
     hidden_sizes: list[int] = [128]
     activation: Literal["relu", "gelu", "leaky_relu", "tanh"] = "gelu"
-    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    dropout: float = Field(0.3, ge=0.0, lt=1.0)
     layer_norm: bool = True
     # inputs the model sees; a subset trains a single-modality baseline of the same architecture
     modalities: list[Literal["image", "tabular", "text"]] = ["image", "tabular", "text"]

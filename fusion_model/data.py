@@ -38,8 +38,8 @@ class FusionDataset(Dataset):
         # 1 where the row has a photo; 0 masks the image input of a row without one
         self.image_mask = torch.tensor([p is not None for p in self.paths], dtype=torch.float32)
         self.categorical = pre.categorical(df)
-        self.numeric = pre.numeric(df)
-        self.text = pre.text(df)
+        self.numeric = pre.numeric(df, in_train=train)
+        self.text_ids, self.text_counts = pre.text(df)
         self.labels = torch.tensor(df[LABEL].to_numpy(dtype="int64")) if with_labels else None
         self._images: dict[int, torch.Tensor] = {}
 
@@ -66,7 +66,8 @@ class FusionDataset(Dataset):
             "image_mask": self.image_mask[i],
             "categorical": self.categorical[i],
             "numeric": self.numeric[i],
-            "text": self.text[i],
+            "text_ids": self.text_ids[i],
+            "text_counts": self.text_counts[i],
         }
         if self.labels is not None:
             item["label"] = self.labels[i]

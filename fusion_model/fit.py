@@ -66,16 +66,18 @@ def model_kwargs(cfg: TrainConfig, pre: Preprocessor, num_classes: int, modaliti
         "pretrained": str(cfg.pretrained) if cfg.pretrained not in (False, True) else cfg.pretrained,
         "image_size": cfg.image_size,
         "cat_cardinalities": pre.cardinalities,
-        "n_numeric": len(pre.numeric_columns),
+        "n_numeric": pre.n_numeric,
         "num_classes": num_classes,
         "text_buckets": cfg.text_buckets,
-        "text_dim": cfg.text_dim,
+        "text_vocab_size": pre.text_vocab_size,
+        "text_ngrams": cfg.text_ngrams,
         "cat_dim": cfg.cat_dim,
         "adapter_dim": cfg.adapter_dim,
         "hidden_sizes": list(cfg.hidden_sizes),
         "activation": cfg.activation,
         "dropout": cfg.dropout,
         "layer_norm": cfg.layer_norm,
+        "category_logits": cfg.category_logits,
         "modalities": modalities,
     }
 
@@ -188,13 +190,17 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     data = ValidatedData.read(cfg.data_dir)
     # Fitted from the train split on every rank: deterministic, so all ranks agree without a broadcast.
     pre = Preprocessor.fit(data.train, text_buckets=cfg.text_buckets, image_size=cfg.image_size,
-                           image_index=cfg.image_index)
+                           image_index=cfg.image_index, text_ngrams=cfg.text_ngrams, text_min_df=cfg.text_min_df,
+                           text_max_features=cfg.text_max_features, numeric_bins=cfg.numeric_bins)
     modalities = used_modalities(cfg, data.train)
     if set(modalities) != set(cfg.modalities) and int(os.environ.get("RANK", "0")) == 0:
         print(f"[train] no training row has a photo: the model uses {modalities} only", flush=True)
     kwargs = model_kwargs(cfg, pre, len(data.classes), modalities)
     metric = metric_name(data.label_kind)
-    module = FusionModule(kwargs, label_kind=data.label_kind, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    module = FusionModule(kwargs, label_kind=data.label_kind, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                          text_lr_multiplier=cfg.text_lr_multiplier)
+    if "text" in modalities:  # the fitted text tables, in the model's buffers (so in every checkpoint)
+        module.model.text.load_tables(**pre.text_tables)
     datamodule = FusionDataModule(data, pre, batch_size=cfg.batch_size, num_workers=cfg.num_workers)
 
     on_cuda = uses_cuda(cfg)

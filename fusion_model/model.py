@@ -1,8 +1,11 @@
-"""The fusion model: per-modality encoders -> adapters to a common width -> concat -> MLP -> head.
+"""The fusion model: deep encoders -> adapters to a common width -> concat -> MLP -> head, plus wide logits.
 
-A plain composition (as AutoGluon's ``fusion_mlp``). ``forward`` takes a dict of tensors (``image``,
-``categorical``, ``numeric``, ``text``) and an optional set of modalities to mask: a masked modality's
-adapter output is zeroed, which evaluation uses for its ablation. Every input is cast to the dtype of the
+A plain composition (as AutoGluon's ``fusion_mlp``), widened: the image and tabular encoders go through
+per-modality adapters, the concatenation and an MLP to the head; the text, whose signal on real rows is
+lexical, and the categorical codes also add linear logits straight to the head (fusion_model/wide.py).
+``forward`` takes a dict of tensors (``image``, ``image_mask``, ``categorical``, ``numeric``,
+``text_ids``, ``text_counts``) and an optional set of modalities to mask: everything a masked modality
+contributes is zeroed, which evaluation uses for its ablation. Every input is cast to the dtype of the
 weights that consume it, so fp16/bf16 weights accept fp32 batches.
 """
 
@@ -15,6 +18,7 @@ import torch
 from torch import nn
 
 from fusion_model.schema import MODALITIES
+from fusion_model.wide import CategoryLogit, TextLogit
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {
     "relu": nn.ReLU, "gelu": nn.GELU, "leaky_relu": nn.LeakyReLU, "tanh": nn.Tanh,
@@ -89,18 +93,6 @@ class TabularEncoder(nn.Module):
         return torch.cat([*parts, numeric.to(dtype)], dim=1)
 
 
-class TextEncoder(nn.Module):
-    """Mean of hashed-token embeddings (index 0 is padding and contributes nothing)."""
-
-    def __init__(self, buckets: int, dim: int) -> None:
-        super().__init__()
-        self.bag = nn.EmbeddingBag(buckets, dim, mode="mean", padding_idx=0)
-        self.out_dim = dim
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.bag(tokens)
-
-
 class FusionModel(nn.Module):
     def __init__(
         self,
@@ -111,14 +103,16 @@ class FusionModel(nn.Module):
         num_classes: int,
         pretrained: bool | str = False,
         image_size: int = 64,
-        text_buckets: int = 4096,
-        text_dim: int = 32,
-        cat_dim: int = 16,
+        text_buckets: int = 262144,
+        text_vocab_size: int = 1,
+        text_ngrams: int = 3,
+        cat_dim: int = 4,
         adapter_dim: int = 64,
         hidden_sizes: Sequence[int] = (128,),
         activation: str = "gelu",
-        dropout: float = 0.1,
+        dropout: float = 0.3,
         layer_norm: bool = True,
+        category_logits: bool = True,
         modalities: Sequence[str] = MODALITIES,
     ) -> None:
         super().__init__()
@@ -128,34 +122,37 @@ class FusionModel(nn.Module):
         if unknown or not modalities:
             raise ValueError(f"modalities {list(modalities)} must be a non-empty subset of {list(MODALITIES)}")
         # Only the modalities the model uses get an encoder: a dataset without photos trains on tabular +
-        # text without running a backbone on blank images, and a single-modality baseline is that encoder
-        # alone with the same adapter, MLP and head.
+        # text without running a backbone on blank images, and a single-modality baseline is that
+        # modality's part alone.
         self.modalities = tuple(m for m in MODALITIES if m in modalities)
         encoders: dict[str, nn.Module] = {}
         if "image" in self.modalities:
             encoders["image"] = self.image = ImageEncoder(image_model, pretrained, image_size)
         if "tabular" in self.modalities:
             encoders["tabular"] = self.tabular = TabularEncoder(cat_cardinalities, n_numeric, cat_dim)
+            self.category_logit = CategoryLogit(cat_cardinalities, num_classes) if category_logits else None
         if "text" in self.modalities:
-            encoders["text"] = self.text = TextEncoder(text_buckets, text_dim)
+            self.text = TextLogit(text_buckets, text_vocab_size, num_classes, max_order=text_ngrams)
         self.adapters = nn.ModuleDict({name: nn.Linear(enc.out_dim, adapter_dim) for name, enc in encoders.items()})
-        layers: list[nn.Module] = []
-        width = adapter_dim * len(self.modalities)
-        for hidden in hidden_sizes:
-            layers.append(nn.Linear(width, hidden))
-            if layer_norm:
-                layers.append(nn.LayerNorm(hidden))
-            layers += [_ACTIVATIONS[activation](), nn.Dropout(dropout)]
-            width = hidden
-        self.mlp = nn.Sequential(*layers)
-        self.head = nn.Linear(width, num_classes)
+        self.mlp: nn.Module | None = None
+        self.head: nn.Module | None = None
+        if self.adapters:
+            layers: list[nn.Module] = []
+            width = adapter_dim * len(self.adapters)
+            for hidden in hidden_sizes:
+                layers.append(nn.Linear(width, hidden))
+                if layer_norm:
+                    layers.append(nn.LayerNorm(hidden))
+                layers += [_ACTIVATIONS[activation](), nn.Dropout(dropout)]
+                width = hidden
+            self.mlp = nn.Sequential(*layers)
+            self.head = nn.Linear(width, num_classes)
 
     def encode(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Each used modality's features (the encoders' outputs, before the adapters)."""
+        """The deep modalities' features (the encoders' outputs, before the adapters)."""
         inputs = {"image": lambda: self.image(batch["image"]),
-                  "tabular": lambda: self.tabular(batch["categorical"], batch["numeric"]),
-                  "text": lambda: self.text(batch["text"])}
-        return {name: inputs[name]() for name in self.modalities}
+                  "tabular": lambda: self.tabular(batch["categorical"], batch["numeric"])}
+        return {name: inputs[name]() for name in self.adapters}
 
     def forward(self, batch: dict[str, torch.Tensor], mask: Iterable[str] = ()) -> torch.Tensor:
         """Logits [batch, num_classes]; modalities named in ``mask`` contribute zeros, and so does the image
@@ -164,15 +161,27 @@ class FusionModel(nn.Module):
         unknown = mask - set(MODALITIES)
         if unknown:
             raise ValueError(f"cannot mask {sorted(unknown)}: modalities are {list(MODALITIES)}")
-        features = self.encode(batch)
-        fused = []
-        for name in self.modalities:
-            adapter = self.adapters[name]
-            # the seed's fix: an encoder may return fp32 while the adapter holds fp16/bf16 weights
-            out = adapter(features[name].to(adapter.weight.dtype))
-            if name == "image" and "image_mask" in batch:
-                out = out * batch["image_mask"].to(out.dtype).unsqueeze(1)
-            # times zero rather than zeros_like: the masked branch stays in the graph with zero gradients,
-            # so ddp/ZeRO never meet a parameter without a gradient
-            fused.append(out * 0 if name in mask else out)
-        return self.head(self.mlp(torch.cat(fused, dim=1)))
+        # times zero rather than zeros_like: a masked branch stays in the graph with zero gradients, so
+        # ddp/ZeRO never meet a parameter without a gradient
+        wide: list[torch.Tensor] = []
+        if "text" in self.modalities:
+            text = self.text(batch["text_ids"], batch["text_counts"])
+            wide.append(text * 0 if "text" in mask else text)
+        if "tabular" in self.modalities and self.category_logit is not None:
+            codes = self.category_logit(batch["categorical"])
+            wide.append(codes * 0 if "tabular" in mask else codes)
+        logits = None
+        if self.head is not None:
+            features = self.encode(batch)
+            fused = []
+            for name, adapter in self.adapters.items():
+                # the seed's fix: an encoder may return fp32 while the adapter holds fp16/bf16 weights
+                out = adapter(features[name].to(adapter.weight.dtype))
+                if name == "image" and "image_mask" in batch:
+                    out = out * batch["image_mask"].to(out.dtype).unsqueeze(1)
+                fused.append(out * 0 if name in mask else out)
+            logits = self.head(self.mlp(torch.cat(fused, dim=1)))
+        for part in wide:
+            logits = part if logits is None else logits + part.to(logits.dtype)
+        assert logits is not None  # modalities is non-empty
+        return logits

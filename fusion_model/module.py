@@ -38,7 +38,7 @@ def _metrics(label_kind: str, num_classes: int) -> MetricCollection:
 class FusionModule(pl.LightningModule):
     def __init__(
         self, model_kwargs: dict[str, Any], *, label_kind: str, lr: float, weight_decay: float,
-        warmup_fraction: float = 0.1,
+        warmup_fraction: float = 0.1, text_lr_multiplier: float = 1.0,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -78,14 +78,21 @@ class FusionModule(pl.LightningModule):
     def configure_optimizers(self) -> dict[str, Any]:
         # Plain AdamW: works with ZeRO as a client optimizer (zero_allow_untested_optimizer) and needs no
         # JIT build, unlike DeepSpeed's CPU/Fused Adam (~160 s to compile).
-        decay, no_decay = [], []
+        decay, no_decay, text = [], [], []
         for name, p in self.model.named_parameters():
-            (no_decay if p.ndim <= 1 or "embedding" in name or ".bag." in name else decay).append(p)
-        optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": self.hparams.weight_decay},
-             {"params": no_decay, "weight_decay": 0.0}],
-            lr=self.hparams.lr,
-        )
+            if name.startswith("text."):
+                text.append(p)  # the linear text logit: its own pace, no decay (idf and tf already scale it)
+            elif p.ndim <= 1 or isinstance(self.model.get_submodule(name.rsplit(".", 1)[0]),
+                                           torch.nn.Embedding | torch.nn.EmbeddingBag):
+                no_decay.append(p)  # biases, norms and embeddings
+            else:
+                decay.append(p)
+        groups = [{"params": decay, "weight_decay": self.hparams.weight_decay},
+                  {"params": no_decay, "weight_decay": 0.0}]
+        if text:
+            groups.append({"params": text, "weight_decay": 0.0,
+                           "lr": self.hparams.lr * self.hparams.text_lr_multiplier})
+        optimizer = torch.optim.AdamW(groups, lr=self.hparams.lr)
         total = max(1, int(self.trainer.estimated_stepping_batches))
         warmup = max(1, int(total * self.hparams.warmup_fraction))
 

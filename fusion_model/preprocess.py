@@ -1,18 +1,23 @@
 """Feature preprocessing fitted on the training split only and saved with the model as plain JSON.
 
-Tabular: numeric columns (non-negative counts and amounts) are log1p-transformed, then standardised
-with the train mean/std; categorical codes are mapped through
-a train vocabulary (index 0 = unseen value). Text: Name + Description are lower-cased, split into word
-tokens and hashed into a fixed number of buckets (index 0 = padding), so no vocabulary or download is
-needed. Images: one image per row (``image_index``, falling back to the last one a row has), resized to a
-square and normalised with fixed channel statistics; a row without photos gets a blank image and a mask
-of 0, so the model ignores its image input.
+Tabular: the numeric columns (counts and amounts) and two frequencies fitted on the training rows (how
+many pets the row's rescuer has listed, how common its Breed1 is) are log1p-transformed and
+standardised, then each is also given a piecewise-linear encoding over its training quantiles (a value's
+position within each bin, 0..1), which lets an MLP bend where trees would split. Categorical codes are
+mapped through a train vocabulary (index 0 = unseen value). Text: Name + Description, lower-cased, cut
+into word 1..`text_ngrams`-grams hashed into `text_buckets` (crc32: stable everywhere, no vocabulary to
+download); each row is its distinct n-grams with their counts. Which buckets count, their idf and n-gram
+order are fitted here too, but are tables of the model (`text_tables`, loaded into its buffers), so they
+travel in model.safetensors, not in JSON. Images: one image per row (``image_index``, falling back to the
+last one a row has), resized to a square and normalised with fixed channel statistics; a row without
+photos gets a blank image and a mask of 0, so the model ignores its image input.
 """
 
 from __future__ import annotations
 
 import re
 import zlib
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +33,8 @@ _TOKEN = re.compile(r"[a-z0-9]+")
 # ImageNet statistics: a fixed, documented choice that also suits a local pretrained weights file.
 IMAGE_MEAN = (0.485, 0.456, 0.406)
 IMAGE_STD = (0.229, 0.224, 0.225)
+# Frequencies fitted on the training rows, numeric inputs beside the schema's numeric columns.
+COUNT_FEATURES: tuple[str, ...] = ("rescuer_listings", "breed1_frequency")
 
 
 def _log_amounts(values: np.ndarray) -> np.ndarray:
@@ -36,31 +43,52 @@ def _log_amounts(values: np.ndarray) -> np.ndarray:
     return np.log1p(np.clip(values, 0, None))
 
 
+def _hash(gram: str, buckets: int) -> int:
+    return 1 + zlib.crc32(gram.encode()) % (buckets - 1)
+
+
+def ngrams(text: str, n: int) -> list[str]:
+    """Word 1..n-grams of `text` (lower-cased `[a-z0-9]+` words), in order of appearance."""
+    words = _TOKEN.findall(text.lower())
+    grams = list(words)
+    for k in range(2, n + 1):
+        grams += [" ".join(words[i : i + k]) for i in range(len(words) - k + 1)]
+    return grams
+
+
 class PreprocessError(ValueError):
     """Input rows cannot be turned into features; the message names the row, column and fix."""
 
 
 @dataclass
 class Preprocessor:
-    numeric_columns: list[str]
+    numeric_columns: list[str]  # the schema's numeric columns, then COUNT_FEATURES
     numeric_mean: list[float]
     numeric_std: list[float]
+    # piecewise-linear encoding: per numeric input, the bin edges (standardised scale, quantiles of train)
+    numeric_bins: list[list[float]]
     categorical_columns: list[str]
     # column -> sorted list of the codes seen in train; code at position i gets index i + 1.
     vocabularies: dict[str, list[int]]
+    # training rows per RescuerID and per Breed1 code (keys as str for JSON)
+    rescuer_counts: dict[str, int] = field(default_factory=dict)
+    breed1_counts: dict[str, int] = field(default_factory=dict)
     text_columns: list[str] = field(default_factory=lambda: list(TEXT_COLUMNS))
-    text_buckets: int = 4096
-    text_max_tokens: int = 64
+    text_buckets: int = 262144
+    text_ngrams: int = 3
+    text_max_features: int = 1024  # distinct n-grams kept per row (the first ones)
     image_size: int = 64
     image_index: int = 0
     image_mean: list[float] = field(default_factory=lambda: list(IMAGE_MEAN))
     image_std: list[float] = field(default_factory=lambda: list(IMAGE_STD))
+    # fitted with the rest but loaded into the model, not saved here (see the module docstring)
+    text_tables: dict[str, np.ndarray] | None = field(default=None, repr=False, compare=False)
 
     # ---- fitting and serialisation -------------------------------------------------------------
     @classmethod
     def fit(
-        cls, train: pd.DataFrame, *, text_buckets: int, image_size: int, image_index: int,
-        text_max_tokens: int = 64,
+        cls, train: pd.DataFrame, *, text_buckets: int, image_size: int, image_index: int, text_ngrams: int = 3,
+        text_min_df: int = 2, text_max_features: int = 1024, numeric_bins: int = 16,
     ) -> Preprocessor:
         """Statistics from the training split only (never val/test: that would leak)."""
         missing = [c for c in (*NUMERIC_COLUMNS, *CATEGORICAL_COLUMNS) if c not in train.columns]
@@ -69,24 +97,55 @@ class Preprocessor:
                 f"training table lacks columns {missing}; re-run the validate stage so the table has every "
                 "schema column"
             )
-        num = _log_amounts(train[list(NUMERIC_COLUMNS)].astype("float64").to_numpy())
-        num = pd.DataFrame(num)
-        std = num.std(ddof=0).fillna(0.0)
-        return cls(
-            numeric_columns=list(NUMERIC_COLUMNS),
-            numeric_mean=[float(v) for v in num.mean().fillna(0.0)],
-            # a constant column would divide by zero: leave it unscaled (std 1)
-            numeric_std=[float(v) if v > 1e-12 else 1.0 for v in std],
+        rescuers = (train["RescuerID"].astype(str).value_counts() if "RescuerID" in train.columns
+                    else pd.Series(dtype="int64"))
+        breeds = pd.to_numeric(train["Breed1"], errors="coerce").astype("Int64").astype(str).value_counts()
+        pre = cls(
+            numeric_columns=[*NUMERIC_COLUMNS, *COUNT_FEATURES], numeric_mean=[], numeric_std=[], numeric_bins=[],
             categorical_columns=list(CATEGORICAL_COLUMNS),
             vocabularies={c: sorted(int(v) for v in train[c].dropna().unique()) for c in CATEGORICAL_COLUMNS},
-            text_buckets=text_buckets,
-            text_max_tokens=text_max_tokens,
-            image_size=image_size,
-            image_index=image_index,
+            rescuer_counts={k: int(v) for k, v in rescuers.items() if k},
+            breed1_counts={k: int(v) for k, v in breeds.items()},
+            text_buckets=text_buckets, text_ngrams=text_ngrams, text_max_features=text_max_features,
+            image_size=image_size, image_index=image_index,
         )
+        raw = pre._numeric_raw(train, in_train=True)
+        mean, std = raw.mean(axis=0), raw.std(axis=0)
+        pre.numeric_mean = [float(v) for v in mean]
+        # a constant column would divide by zero: leave it unscaled (std 1)
+        pre.numeric_std = [float(v) if v > 1e-12 else 1.0 for v in std]
+        z = (raw - mean) / np.asarray(pre.numeric_std)
+        pre.numeric_bins = [[float(e) for e in np.unique(np.quantile(z[:, j], np.linspace(0, 1, numeric_bins + 1)))]
+                            for j in range(z.shape[1])]
+        pre.text_tables = pre._fit_text(train, text_min_df)
+        return pre
+
+    def _fit_text(self, train: pd.DataFrame, min_df: int) -> dict[str, np.ndarray]:
+        """Which buckets the model keeps (seen in >= min_df training rows), remapped to rows 1..V of its
+        table; their idf (smoothed, as scikit-learn's) and n-gram order (the lowest, on a hash collision)."""
+        df_count = np.zeros(self.text_buckets, dtype=np.int64)
+        order = np.full(self.text_buckets, self.text_ngrams + 1, dtype=np.int64)
+        for text in self._joined(train):
+            seen: dict[int, int] = {}
+            for g in ngrams(text, self.text_ngrams):
+                h = _hash(g, self.text_buckets)
+                seen[h] = min(seen.get(h, self.text_ngrams + 1), g.count(" ") + 1)
+            ids = np.fromiter(seen, dtype=np.int64, count=len(seen))
+            df_count[ids] += 1
+            np.minimum.at(order, ids, np.fromiter(seen.values(), dtype=np.int64, count=len(seen)))
+        kept = np.flatnonzero(df_count >= min_df)
+        kept = kept[kept > 0]
+        rows = np.zeros(self.text_buckets, dtype=np.int64)
+        rows[kept] = np.arange(1, len(kept) + 1)
+        n = len(train)
+        idf = np.log((1 + n) / (1 + df_count[kept])) + 1
+        return {"rows": rows, "idf": np.concatenate([[0.0], idf]).astype(np.float32),
+                "order": np.concatenate([[0], order[kept]]).astype(np.int64)}
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        data.pop("text_tables")
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Preprocessor:
@@ -97,18 +156,47 @@ class Preprocessor:
         """Embedding rows per categorical column (+1 for the unseen-value index 0)."""
         return [len(self.vocabularies[c]) + 1 for c in self.categorical_columns]
 
+    @property
+    def n_numeric(self) -> int:
+        """Numeric inputs of the model: the standardised values, then every piecewise-linear bin."""
+        return len(self.numeric_columns) + sum(len(e) - 1 for e in self.numeric_bins)
+
+    @property
+    def text_vocab_size(self) -> int:
+        """Rows of the model's text table (kept buckets + the padding row 0)."""
+        return len(self.text_tables["idf"]) if self.text_tables is not None else 1
+
     # ---- transforms ----------------------------------------------------------------------------
     def _require(self, df: pd.DataFrame, columns: list[str]) -> None:
         missing = [c for c in columns if c not in df.columns]
         if missing:
             raise PreprocessError(f"input rows lack columns {missing}; add them (see fusion_model/schema.py)")
 
-    def numeric(self, df: pd.DataFrame) -> torch.Tensor:
-        self._require(df, self.numeric_columns)
-        values = _log_amounts(df[self.numeric_columns].astype("float64").to_numpy())
+    def _numeric_raw(self, df: pd.DataFrame, in_train: bool) -> np.ndarray:
+        """log1p of the numeric columns and of the two frequencies. A training row's counts leave the row
+        itself out, so they mean what they mean for a new row: the rescuer's other listings."""
+        self._require(df, [*NUMERIC_COLUMNS, "Breed1"])
+        values = _log_amounts(df[list(NUMERIC_COLUMNS)].astype("float64").to_numpy())
+        rescuer = (df["RescuerID"].astype(str).map(self.rescuer_counts) if "RescuerID" in df.columns
+                   else pd.Series(np.nan, index=df.index)).fillna(0).to_numpy(dtype=float)
+        breed = pd.to_numeric(df["Breed1"], errors="coerce").astype("Int64").astype(str).map(self.breed1_counts)
+        breed = breed.fillna(0).to_numpy(dtype=float)
+        if in_train:
+            rescuer, breed = np.clip(rescuer - 1, 0, None), np.clip(breed - 1, 0, None)
+        return np.concatenate([values, np.log1p(np.stack([rescuer, breed], axis=1))], axis=1)
+
+    def numeric(self, df: pd.DataFrame, in_train: bool = False) -> torch.Tensor:
+        """[rows, n_numeric]: standardised values, then their piecewise-linear encodings. `in_train`: the
+        rows are the training rows themselves (their frequencies leave each row out)."""
         mean, std = np.asarray(self.numeric_mean), np.asarray(self.numeric_std)
-        values = np.where(np.isnan(values), mean, values)  # a missing value becomes the train mean
-        return torch.from_numpy(((values - mean) / std).astype(np.float32))
+        raw = self._numeric_raw(df, in_train)
+        raw = np.where(np.isnan(raw), mean, raw)  # a missing value becomes the train mean
+        z = (raw - mean) / std
+        parts = [z]
+        for j, edges in enumerate(self.numeric_bins):
+            low, high = np.asarray(edges[:-1]), np.asarray(edges[1:])
+            parts.append(np.clip((z[:, j : j + 1] - low) / np.maximum(high - low, 1e-9), 0.0, 1.0))
+        return torch.from_numpy(np.concatenate(parts, axis=1).astype(np.float32))
 
     def categorical(self, df: pd.DataFrame) -> torch.Tensor:
         self._require(df, self.categorical_columns)
@@ -119,20 +207,25 @@ class Preprocessor:
             out[:, j] = [lookup.get(int(v), 0) if pd.notna(v) else 0 for v in codes]
         return torch.from_numpy(out)
 
-    def tokens(self, text: str) -> list[int]:
-        """Hashed word ids in 1..text_buckets-1 (crc32: stable across processes, unlike hash())."""
-        words = _TOKEN.findall(text.lower())[: self.text_max_tokens]
-        return [1 + zlib.crc32(w.encode()) % (self.text_buckets - 1) for w in words]
-
-    def text(self, df: pd.DataFrame) -> torch.Tensor:
-        """[rows, text_max_tokens] token ids, right-padded with 0."""
+    def _joined(self, df: pd.DataFrame) -> pd.Series:
         self._require(df, self.text_columns)
-        out = np.zeros((len(df), self.text_max_tokens), dtype=np.int64)
-        joined = df[self.text_columns].fillna("").astype(str).agg(" ".join, axis=1)
-        for i, text in enumerate(joined):
-            ids = self.tokens(text)
-            out[i, : len(ids)] = ids
-        return torch.from_numpy(out)
+        return df[self.text_columns].fillna("").astype(str).agg(" ".join, axis=1)
+
+    def text(self, df: pd.DataFrame) -> tuple[torch.Tensor, torch.Tensor]:
+        """([rows, width] hashed n-gram ids, [rows, width] their counts), right-padded with 0; width is the
+        most distinct n-grams any of these rows has (at most text_max_features)."""
+        rows = []
+        for text in self._joined(df):
+            counts = Counter(_hash(g, self.text_buckets) for g in ngrams(text, self.text_ngrams))
+            rows.append(list(counts.items())[: self.text_max_features])
+        width = max(1, max((len(r) for r in rows), default=1))
+        ids = np.zeros((len(rows), width), dtype=np.int64)
+        counts_ = np.zeros((len(rows), width), dtype=np.float32)
+        for i, row in enumerate(rows):
+            if row:
+                ids[i, : len(row)] = [k for k, _ in row]
+                counts_[i, : len(row)] = [c for _, c in row]
+        return torch.from_numpy(ids), torch.from_numpy(counts_)
 
     def image_path(self, cell: object, images_root: Path) -> Path | None:
         """The row's photo to use (`image_index`, else its last one); None for a row without photos."""

@@ -36,7 +36,7 @@ class ModelChain:
 def tiny_train_config(data_dir: Path, out_dir: Path) -> TrainConfig:
     return TrainConfig(
         data_dir=data_dir, out_dir=out_dir, live_dir=out_dir.parent / "training", image_model="test_resnet", image_size=32, text_buckets=256,
-        text_dim=8, cat_dim=4, adapter_dim=16, hidden_sizes=[32], batch_size=16, max_epochs=3, lr=0.01,
+        cat_dim=4, adapter_dim=16, hidden_sizes=[32], batch_size=16, max_epochs=3, lr=0.01,
         strategy="ddp_spawn", devices=2, accelerator="cpu", threads_per_rank=1,
     )
 

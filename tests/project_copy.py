@@ -25,7 +25,7 @@ TINY: dict[str, Any] = {
     "download": {"synthetic": {"n_train": 120, "n_test": 40, "image_size": 32, "seed": 7}},
     "validate": {"workers": 1},
     "train": {
-        "image_model": "test_resnet", "image_size": 32, "text_buckets": 256, "text_dim": 8, "cat_dim": 4,
+        "image_model": "test_resnet", "image_size": 32, "text_buckets": 1024, "cat_dim": 4,
         "adapter_dim": 16, "hidden_sizes": [16], "max_epochs": 1, "batch_size": 16, "strategy": "deepspeed",
         "zero_stage": 2, "devices": 2, "accelerator": "cpu", "num_workers": 0,
     },

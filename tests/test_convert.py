@@ -359,7 +359,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         train(TrainConfig.model_validate({
             "data_dir": data_dir, "out_dir": ckpt, "live_dir": root / f"{name}.training",
             "image_model": "test_resnet", "image_size": 32,
-            "text_buckets": 64, "text_dim": 8, "cat_dim": 4, "adapter_dim": 8, "hidden_sizes": [16],
+            "text_buckets": 1024, "cat_dim": 4, "adapter_dim": 8, "hidden_sizes": [16],
             "batch_size": 8, "max_epochs": 1, "max_steps": 2, "devices": 2, "accelerator": "cpu",
             **overrides,
         }))
@@ -378,7 +378,7 @@ def test_model_prefix_default_is_the_lightning_modules_attribute() -> None:
     from fusion_model.module import FusionModule
 
     module = FusionModule({"image_model": "test_resnet", "cat_cardinalities": [3], "n_numeric": 1, "num_classes": 2,
-                           "image_size": 32, "text_buckets": 16, "text_dim": 4, "cat_dim": 2, "adapter_dim": 4,
+                           "image_size": 32, "text_buckets": 64, "cat_dim": 2, "adapter_dim": 4,
                            "hidden_sizes": [4]}, label_kind="binary", lr=1e-3, weight_decay=0.0)
     keys = list(module.state_dict())
     assert keys and all(k.startswith(ConvertParams().model_prefix) for k in keys), keys[:5]

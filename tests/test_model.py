@@ -43,7 +43,7 @@ def pre(validated: Path) -> Preprocessor:
 def _kwargs(pre: Preprocessor, image_model: str = "test_resnet") -> dict:
     return {
         "image_model": image_model, "image_size": 32, "cat_cardinalities": pre.cardinalities,
-        "n_numeric": len(pre.numeric_columns), "num_classes": 2, "text_buckets": 256, "text_dim": 8,
+        "n_numeric": pre.n_numeric, "num_classes": 2, "text_buckets": 256, "text_vocab_size": pre.text_vocab_size,
         "cat_dim": 4, "adapter_dim": 16, "hidden_sizes": [32], "dropout": 0.0,
     }
 
@@ -62,7 +62,26 @@ def test_preprocessor_uses_train_statistics_and_round_trips(validated: Path, pre
     unseen = train.iloc[:1].copy()
     unseen["Breed1"] = 999  # never seen in train -> the unknown index 0
     assert pre.categorical(unseen)[0, pre.categorical_columns.index("Breed1")] == 0
-    assert pre.tokens("Friendly friendly") == [pre.tokens("friendly")[0]] * 2  # stable, case-free hashing
+    row = unseen.assign(Name="", Description="Friendly friendly")
+    ids, counts = pre.text(row)
+    assert sorted(counts[0][counts[0] > 0].tolist()) == [1.0, 2.0]  # "friendly" twice, "friendly friendly" once
+    assert torch.equal(pre.text(row.assign(Description="FRIENDLY  friendly!"))[0], ids)  # stable, case-free
+
+
+def test_frequencies_leave_a_training_row_out_and_bins_are_fractions(validated: Path, pre: Preprocessor) -> None:
+    train = ValidatedData.read(validated).train
+    seen = train.iloc[:3]
+    as_train = pre.numeric(seen, in_train=True)
+    as_new = pre.numeric(seen)
+    assert as_train.shape == (3, pre.n_numeric)
+    j = pre.numeric_columns.index("breed1_frequency")
+    counts = [pre.breed1_counts[str(int(b))] for b in seen["Breed1"]]
+    z = lambda c: (np.log1p(c) - pre.numeric_mean[j]) / pre.numeric_std[j]  # noqa: E731
+    np.testing.assert_allclose(as_new[:, j].numpy(), [z(c) for c in counts], rtol=1e-5)
+    np.testing.assert_allclose(as_train[:, j].numpy(), [z(c - 1) for c in counts], rtol=1e-5)  # itself left out
+    bins = as_new[:, len(pre.numeric_columns):]
+    assert bins.min() >= 0 and bins.max() <= 1
+    assert pre.text_tables is not None and pre.text_vocab_size == int(pre.text_tables["rows"].max()) + 1
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -82,7 +101,11 @@ def test_forward_backward_with_half_weights_and_fp32_inputs(validated: Path, pre
 
 def test_masking_a_modality_changes_the_output_and_rejects_unknown_names(validated: Path,
                                                                          pre: Preprocessor) -> None:
+    torch.manual_seed(0)
     model = FusionModel(**_kwargs(pre)).eval()
+    model.text.load_tables(**pre.text_tables)
+    for wide in (model.text.bag.weight, *(t.weight for t in model.category_logit.tables)):
+        torch.nn.init.normal_(wide)  # the wide logits start at zero: give them something to mask
     batch = _batch(validated, pre)
     full = model(batch)
     for name in ("image", "tabular", "text"):
@@ -94,10 +117,11 @@ def test_masking_a_modality_changes_the_output_and_rejects_unknown_names(validat
 def test_tiny_batch_overfits(validated: Path, pre: Preprocessor) -> None:
     torch.manual_seed(0)
     model = FusionModel(**_kwargs(pre))
+    model.text.load_tables(**pre.text_tables)
     batch = _batch(validated, pre, n=8)
     batch["label"] = torch.tensor([0, 1, 1, 0, 1, 0, 0, 1])  # labels the features do not explain
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    for _ in range(40):
+    for _ in range(80):
         opt.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(batch), batch["label"])
         loss.backward()

@@ -41,7 +41,7 @@ def _config(data_dir: Path, out_dir: Path, **overrides: object) -> TrainConfig:
     base: dict[str, object] = {
         "data_dir": data_dir, "out_dir": out_dir, "live_dir": out_dir.parent / "training",
         "image_model": "test_resnet", "image_size": 32,
-        "text_buckets": 256, "text_dim": 8, "cat_dim": 4, "adapter_dim": 16, "hidden_sizes": [32],
+        "text_buckets": 1024, "cat_dim": 4, "adapter_dim": 16, "hidden_sizes": [32],
         "batch_size": 32, "max_epochs": 1, "devices": 2, "accelerator": "cpu", "threads_per_rank": 1,
     }
     return TrainConfig.model_validate({**base, **overrides})
