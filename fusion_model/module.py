@@ -92,7 +92,9 @@ class FusionModule(pl.LightningModule):
         if text:
             groups.append({"params": text, "weight_decay": 0.0,
                            "lr": self.hparams.lr * self.hparams.text_lr_multiplier})
-        optimizer = torch.optim.AdamW(groups, lr=self.hparams.lr)
+        # an empty group (e.g. nothing decays in a text-only model) would be dropped by ZeRO, leaving the
+        # scheduler one group longer than the optimizer
+        optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=self.hparams.lr)
         total = max(1, int(self.trainer.estimated_stepping_batches))
         warmup = max(1, int(total * self.hparams.warmup_fraction))
 

@@ -293,3 +293,20 @@ def test_multiclass_labels_train_with_quadratic_kappa(tmp_path: Path) -> None:
     assert metric_name("multiclass") == "kappa" and data.classes == [0, 1, 2, 3, 4]
     kappa = trainer.callback_metrics["val/kappa"]
     assert -1.0 <= float(kappa) <= 1.0 and "val/acc" in trainer.callback_metrics
+
+
+def test_a_single_modality_model_has_no_empty_optimizer_group(validated: Path, pre: Preprocessor) -> None:
+    """ZeRO drops an empty parameter group, which left the scheduler one group longer than the optimizer
+    (a text-only baseline has nothing that decays)."""
+    import lightning.pytorch as pl
+
+    from fusion_model.data import FusionDataModule
+    from fusion_model.module import FusionModule
+
+    module = FusionModule({**_kwargs(pre), "modalities": ["text"]}, label_kind="binary", lr=1e-2, weight_decay=0.1)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+    trainer.fit(module, datamodule=FusionDataModule(ValidatedData.read(validated), pre, batch_size=8))
+    groups = trainer.optimizers[0].param_groups
+    assert groups and all(g["params"] for g in groups)
+    assert len(trainer.lr_scheduler_configs[0].scheduler.base_lrs) == len(groups)
