@@ -1,7 +1,7 @@
 """Real converted models for evaluation, prediction and promotion tests: train -> convert -> evaluate.
 
 One short ddp_spawn run of timm's `test_resnet` at 32 px on a validated folder gives the `trained`
-model. A second model comes from the same checkpoint with its classifier head zeroed, converted by the
+model. A second model comes from the same checkpoint with every logit part zeroed, converted by the
 same convert stage: it predicts 0.5 for every row (ROC AUC exactly 0.5), a challenger that is worse for
 certain without a second training run. Both are evaluated by the evaluate stage on the test table.
 """
@@ -42,13 +42,17 @@ def tiny_train_config(data_dir: Path, out_dir: Path) -> TrainConfig:
 
 
 def _zero_head_checkpoint(src_dir: Path, dest_dir: Path) -> None:
-    """The training checkpoint with the classifier head set to zero, beside its config and summary."""
+    """The training checkpoint with every part that adds to the logits set to zero (the deep head, the
+    linear text and per-code logits), beside its config and summary."""
     dest_dir.mkdir(parents=True)
     for name in ("model_config.json", "train_summary.json"):
         shutil.copy2(src_dir / name, dest_dir / name)
     checkpoint = torch.load(src_dir / "best.ckpt", map_location="cpu", weights_only=True)
-    for key in ("model.head.weight", "model.head.bias"):
-        checkpoint["state_dict"][key] = torch.zeros_like(checkpoint["state_dict"][key])
+    state = checkpoint["state_dict"]
+    logit_parts = [k for k in state if k.startswith(("model.head.", "model.text.bag.", "model.category_logit."))]
+    assert {"model.head.weight", "model.text.bag.weight"} <= set(logit_parts), sorted(state)
+    for key in logit_parts:
+        state[key] = torch.zeros_like(state[key])
     torch.save(checkpoint, dest_dir / "best.ckpt")
 
 
