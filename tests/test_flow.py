@@ -266,6 +266,39 @@ def test_a_killed_flow_leaves_no_temporary_prefect_server_behind(tmp_path: Path)
             p.kill()
 
 
+def test_the_watcher_ends_a_descendant_that_is_no_longer_a_child(tmp_path: Path) -> None:
+    """What polling the children misses: a process the flow started through another that has exited (so
+    it is re-parented away), or one started between the watcher's last look and the SIGKILL. It carries
+    the watcher's token in its environment and is ended all the same."""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    pid_file = tmp_path / "orphan.pid"
+    orphan = f"import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); open({str(pid_file)!r}, 'w').write(str(p.pid))"
+    parent_code = (
+        "import os, subprocess, sys, time\n"
+        "from tasks._io.processes import start_reaper\n"
+        "start_reaper()\n"
+        f"subprocess.run([sys.executable, '-c', {orphan!r}], check=True)\n"  # exits, its child lives on
+        "time.sleep(1)\n"
+        "os.kill(os.getpid(), 9)\n"
+    )
+    parent = subprocess.run([sys.executable, "-c", parent_code], cwd=ROOT, timeout=60)
+    assert parent.returncode == -9
+    left = psutil.Process(int(pid_file.read_text()))
+    try:
+        deadline = time.monotonic() + 20
+        while left.is_running() and left.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not left.is_running() or left.status() == psutil.STATUS_ZOMBIE
+    finally:
+        if left.is_running():
+            left.kill()
+
+
 def test_prefect_yaml_deployments_are_valid_for_this_flow() -> None:
     from prefect.client.schemas.schedules import CronSchedule
 
