@@ -82,6 +82,11 @@ def nights(tmp_path_factory: pytest.TempPathFactory):
         stack.stop()
 
 
+def _artifact(nights: Nights, flow_run_id: str, key: str) -> str:
+    artifacts = nights.stack.post("/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [flow_run_id]}}})
+    return next(a["data"] for a in artifacts if a["key"] == key)
+
+
 def test_each_night_ends_as_planned(nights: Nights) -> None:
     states = {label: n.flow_run["state"]["type"] for label, n in nights.nights.items()}
     assert states == {"batch 1": "COMPLETED", "batch 2": "COMPLETED", "batch 3": "COMPLETED",
@@ -113,6 +118,9 @@ def test_the_metrics_of_the_runs_are_on_one_plot(nights: Nights) -> None:
     assert len(decisions) == 3 and all(d["challenger_score"] > 0.5 for d in decisions)
     assert [Path(d["holdout"]["file"]).name for d in decisions] == [f"batch-000{n}.csv" for n in (1, 2, 3)]
     assert (models / "score_history.png").read_bytes()[:4] == b"\x89PNG"
+    third = nights.nights["batch 3"].flow_run["id"]
+    promotion = _artifact(nights, third, "retrain-promotion")
+    assert "score_history.png" in promotion and "newest batch's holdout" in promotion
 
 
 def test_a_drifted_batch_stops_before_training_and_its_report_names_both_columns(nights: Nights) -> None:
@@ -123,6 +131,8 @@ def test_a_drifted_batch_stops_before_training_and_its_report_names_both_columns
     quarantined = nights.workspace / "data/quarantine/batch-0004"
     assert set(json.loads((quarantined / "drift.json").read_text())["drifted"]) == drifted
     assert not (nights.workspace / "data/incoming/batch-0004").exists()
+    drift = _artifact(nights, night.flow_run["id"], "retrain-drift")  # the figures in the UI, the PNG linked
+    assert "Age" in drift and "drift.png" in drift and (nights.workspace / "reports/drift.png").is_file()
 
 
 def test_a_batch_with_broken_photos_is_quarantined_by_validation(nights: Nights) -> None:
