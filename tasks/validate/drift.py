@@ -51,18 +51,8 @@ class _Column(BaseModel):
     detail: str = ""  # one line for people: the figures behind the status
 
 
-class NumericDrift(_Column):
+class NumericDrift(_Column, drift_stats.NumericFigures):
     kind: Literal["numeric", "text_length"]
-    psi: float
-    ks_statistic: float
-    ks_pvalue: float
-    reference_mean: float
-    batch_mean: float
-    reference_median: float
-    batch_median: float
-    bin_edges: list[float]
-    reference_shares: list[float]
-    batch_shares: list[float]
 
 
 class UnseenCode(BaseModel):
@@ -144,12 +134,10 @@ def _absent(column: str, reference: pd.DataFrame, batch: pd.DataFrame) -> str | 
 def _numeric(kind: Literal["numeric", "text_length"], ref: np.ndarray, new: np.ndarray,
              t: DriftThresholds) -> NumericDrift:
     f = drift_stats.numeric_figures(ref, new)
+    figures = {k: _nums(v) if isinstance(v, list) else _num(v) for k, v in f.model_dump().items()}
     return NumericDrift(
-        kind=kind, status=_status(f.psi, t.psi_warn, t.psi_fail), statistic="psi", value=_num(f.psi),
-        warn=t.psi_warn, fail=t.psi_fail, psi=_num(f.psi), ks_statistic=_num(f.ks_statistic),
-        ks_pvalue=_num(f.ks_pvalue), reference_mean=_num(f.reference_mean), batch_mean=_num(f.batch_mean),
-        reference_median=_num(f.reference_median), batch_median=_num(f.batch_median), bin_edges=_nums(f.edges),
-        reference_shares=_nums(f.reference_shares), batch_shares=_nums(f.batch_shares),
+        kind=kind, status=_status(f.psi, t.psi_warn, t.psi_fail), statistic="psi", value=figures["psi"],
+        warn=t.psi_warn, fail=t.psi_fail, **figures,
         detail=f"mean {f.reference_mean:.3g} -> {f.batch_mean:.3g}, median {f.reference_median:.3g} -> "
                f"{f.batch_median:.3g}; KS {f.ks_statistic:.3f} (p {f.ks_pvalue:.2g}, not gated)",
     )

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from pydantic import BaseModel
 from scipy import stats
 
 PSI_BINS = 10
@@ -55,10 +56,11 @@ def bucket_shares(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
     return counts / max(int(counts.sum()), 1)
 
 
-@dataclass
-class NumericFigures:
+class NumericFigures(BaseModel):
+    """The figures of one numeric column; the drift report's NumericDrift carries them as they are."""
+
     psi: float
-    edges: list[float]
+    bin_edges: list[float]
     reference_shares: list[float]
     batch_shares: list[float]
     ks_statistic: float
@@ -75,7 +77,7 @@ def numeric_figures(reference: np.ndarray, batch: np.ndarray) -> NumericFigures:
     r, b = bucket_shares(reference, edges), bucket_shares(batch, edges)
     ks = stats.ks_2samp(reference, batch)
     return NumericFigures(
-        psi=psi(r, b), edges=edges.tolist(), reference_shares=r.tolist(), batch_shares=b.tolist(),
+        psi=psi(r, b), bin_edges=edges.tolist(), reference_shares=r.tolist(), batch_shares=b.tolist(),
         ks_statistic=float(ks.statistic), ks_pvalue=float(ks.pvalue),
         reference_mean=float(np.mean(reference)), batch_mean=float(np.mean(batch)),
         reference_median=float(np.median(reference)), batch_median=float(np.median(batch)),
