@@ -43,6 +43,14 @@ def _log_amounts(values: np.ndarray) -> np.ndarray:
     return np.log1p(np.clip(values, 0, None))
 
 
+def _frequency_keys(df: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """The keys the two frequencies are counted by, the same at fit and at transform: RescuerID as text
+    (missing column: no key) and the Breed1 code as text."""
+    rescuer = (df["RescuerID"].astype(str) if "RescuerID" in df.columns
+               else pd.Series(np.nan, index=df.index, dtype=object))
+    return rescuer, pd.to_numeric(df["Breed1"], errors="coerce").astype("Int64").astype(str)
+
+
 def _hash(gram: str, buckets: int) -> int:
     return 1 + zlib.crc32(gram.encode()) % (buckets - 1)
 
@@ -97,9 +105,7 @@ class Preprocessor:
                 f"training table lacks columns {missing}; re-run the validate stage so the table has every "
                 "schema column"
             )
-        rescuers = (train["RescuerID"].astype(str).value_counts() if "RescuerID" in train.columns
-                    else pd.Series(dtype="int64"))
-        breeds = pd.to_numeric(train["Breed1"], errors="coerce").astype("Int64").astype(str).value_counts()
+        rescuers, breeds = (keys.value_counts() for keys in _frequency_keys(train))
         pre = cls(
             numeric_columns=[*NUMERIC_COLUMNS, *COUNT_FEATURES], numeric_mean=[], numeric_std=[], numeric_bins=[],
             categorical_columns=list(CATEGORICAL_COLUMNS),
@@ -177,10 +183,9 @@ class Preprocessor:
         itself out, so they mean what they mean for a new row: the rescuer's other listings."""
         self._require(df, [*NUMERIC_COLUMNS, "Breed1"])
         values = _log_amounts(df[list(NUMERIC_COLUMNS)].astype("float64").to_numpy())
-        rescuer = (df["RescuerID"].astype(str).map(self.rescuer_counts) if "RescuerID" in df.columns
-                   else pd.Series(np.nan, index=df.index)).fillna(0).to_numpy(dtype=float)
-        breed = pd.to_numeric(df["Breed1"], errors="coerce").astype("Int64").astype(str).map(self.breed1_counts)
-        breed = breed.fillna(0).to_numpy(dtype=float)
+        rescuer_keys, breed_keys = _frequency_keys(df)
+        rescuer = rescuer_keys.map(self.rescuer_counts).fillna(0).to_numpy(dtype=float)
+        breed = breed_keys.map(self.breed1_counts).fillna(0).to_numpy(dtype=float)
         if in_train:
             rescuer, breed = np.clip(rescuer - 1, 0, None), np.clip(breed - 1, 0, None)
         return np.concatenate([values, np.log1p(np.stack([rescuer, breed], axis=1))], axis=1)
