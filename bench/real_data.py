@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tasks.__main__ import run_stage  # noqa: E402
+from tasks._io.files import write_json  # noqa: E402
 from tasks.params import load_params  # noqa: E402
 
 DEFAULT_CSV = ROOT.parent / "shared" / "petfinder" / "real" / "dogs_train.csv"
@@ -80,8 +81,7 @@ def main() -> int:
             f"{m} {e['score']:.4f} ({e['drop']:+.4f})" for m, e in r["ablation"].items()))
         print("  seconds: " + ", ".join(f"{k} {v}" for k, v in r["seconds"].items()))
     out = ROOT / "bench" / "results" / "real_data.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
+    write_json(out, results)
     print(f"\nresults: {out}")
     return 0
 

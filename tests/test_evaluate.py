@@ -199,7 +199,7 @@ def test_evaluation_of_a_converted_model(tiny_model_chain) -> None:
     np.testing.assert_allclose(proba.sum(axis=1), 1, atol=1e-6)
     assert metrics["metrics"] == compute_metrics(preds.label, proba, [0, 1], "binary")
     assert metrics["primary_metric"]["value"] > 0.5  # it learned something in three tiny epochs
-    # the classical baseline, fitted on train + val, scored on the same rows, reported beside the model
+    # the classical baseline, fitted on train (stopped early on val), scored on the same rows, reported beside the model
     baseline = preds[["baseline_proba_0", "baseline_proba_1"]].to_numpy()
     assert metrics["baseline"]["metrics"] == compute_metrics(preds.label, baseline, [0, 1], "binary")
     assert metrics["vs_baseline"]["delta"] == metrics["primary_metric"]["value"] - metrics["baseline"]["primary_metric"]["value"]
