@@ -1,7 +1,7 @@
 """The drift gate: compare a new labelled batch with the reference (the rows the current model was trained
 on), column by column, before the batch joins the training data.
 
-`drift_gate(reference, batch, thresholds, label_kind) -> DriftReport` is pure (no files): a column whose
+`drift_gate(reference, batch, thresholds, schema, classes) -> DriftReport` is pure (no files): a column whose
 gated figure is above its fail threshold fails the gate and stops the run before training; above its
 warn threshold it warns and the run goes on. `write_drift_report` writes drift.json / drift.md /
 drift.png; `render_drift_markdown` is also the Prefect artifact.
@@ -27,15 +27,14 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, Field
 
-from fusion_model.schema import CATEGORICAL_COLUMNS, IMAGES, LABEL, LABEL_SETS, NUMERIC_COLUMNS, split_images
+from fusion_model.checks import image_cells
+from fusion_model.dataset import DatasetSchema, resolve_schema, sort_classes, split_images
 from tasks._io.files import write_bytes, write_json, write_text
 from tasks.params import DriftGateParams as DriftThresholds  # params.yaml download.drift_gate
 from tasks.validate import drift_stats
 
-LabelKind = Literal["binary", "multiclass"]
 Status = Literal["ok", "warn", "fail"]
 _RANK: dict[str, int] = {"ok": 0, "warn": 1, "fail": 2}
-TEXT_LENGTH_COLUMNS: tuple[str, ...] = ("Description",)
 LENGTH_SUFFIX = "_length"
 MISSING_PHOTOS = "missing_photos"
 MAX_CODES_IN_REASON = 5
@@ -56,7 +55,7 @@ class NumericDrift(_Column, drift_stats.NumericFigures):
 
 
 class UnseenCode(BaseModel):
-    code: int
+    code: str
     rows: int
 
 
@@ -105,8 +104,8 @@ class DriftReport(BaseModel):
     reason: str  # why it failed / warned, or that it passed
     reference_rows: int
     batch_rows: int
-    label: str = LABEL
-    label_kind: LabelKind = "binary"
+    label: str = ""
+    problem_type: str = "binary"
     thresholds: DriftThresholds
     columns: dict[str, ColumnDrift] = Field(default_factory=dict)
     skipped: dict[str, str] = Field(default_factory=dict)  # column -> why it was not compared
@@ -165,12 +164,14 @@ def _categorical(ref: pd.Series, new: pd.Series, unseen: drift_stats.UnseenFigur
     )
 
 
-def _label(ref: pd.Series, new: pd.Series, label_kind: LabelKind, t: DriftThresholds) -> LabelDrift:
-    rates = drift_stats.label_rates(ref.dropna(), new.dropna(), list(LABEL_SETS[label_kind]))
-    table = {str(c): ClassRate(reference=_num(r), batch=_num(b), difference=_num(b - r)) for c, (r, b) in rates.items()}
-    if label_kind == "binary" and 1 in rates:
-        statistic, (r, b) = "positive_rate_difference", rates[1]
-        value, detail = abs(b - r), f"rate of class 1: {r:.1%} -> {b:.1%}"
+def _label(ref: pd.Series, new: pd.Series, problem_type: str, classes: list[int | str],
+           t: DriftThresholds) -> LabelDrift:
+    rates = drift_stats.label_rates(ref.dropna(), new.dropna(), classes)
+    table = {c: ClassRate(reference=_num(r), batch=_num(b), difference=_num(b - r)) for c, (r, b) in rates.items()}
+    positive = str(classes[-1]) if classes else None
+    if problem_type == "binary" and positive in rates:
+        statistic, (r, b) = "positive_rate_difference", rates[positive]
+        value, detail = abs(b - r), f"rate of class {positive}: {r:.1%} -> {b:.1%}"
     else:
         statistic = "max_rate_difference"
         worst = max(rates, key=lambda c: abs(rates[c][1] - rates[c][0]))
@@ -232,14 +233,22 @@ def no_batch_report(thresholds: DriftThresholds | BaseModel | Mapping[str, Any] 
 
 
 def drift_gate(reference: pd.DataFrame, batch: pd.DataFrame, thresholds: DriftThresholds,
-               label_kind: LabelKind = "binary") -> DriftReport:
-    """Compare `batch` with `reference` (typed tables of the validate stage) column by column.
+               schema: DatasetSchema | None = None, classes: list[int | str] | None = None) -> DriftReport:
+    """Compare `batch` with `reference` (typed tables of the validate stage) column by column, the columns
+    taken by role from `schema` (default: the PetFinder preset); `classes`: the label's classes
+    (classification; default: the values either table holds).
 
     `thresholds` may also be any pydantic model or mapping with DriftThresholds' fields (it is re-read
     as DriftThresholds, so an unknown field is an error)."""
     t = _thresholds(thresholds)
-    report = DriftReport(passed=False, warned=False, drifted=[], warnings=[], reason="",
-                         reference_rows=len(reference), batch_rows=len(batch), label_kind=label_kind, thresholds=t)
+    schema = schema or resolve_schema({"preset": "petfinder"})
+    label, problem_type = schema.label.column, schema.label.problem_type
+    if classes is None and problem_type != "regression":
+        classes = sort_classes(pd.concat([reference.get(label, pd.Series(dtype=str)),
+                                          batch.get(label, pd.Series(dtype=str))]).astype(str))
+    report = DriftReport(passed=False, warned=False, drifted=[], warnings=[], reason="", label=label,
+                         reference_rows=len(reference), batch_rows=len(batch), problem_type=problem_type,
+                         thresholds=t)
     small = [f"the {name} has {len(table)} rows, fewer than min_rows={t.min_rows}"
              for name, table in (("batch", batch), ("reference", reference)) if len(table) < t.min_rows]
     if small:
@@ -247,7 +256,8 @@ def drift_gate(reference: pd.DataFrame, batch: pd.DataFrame, thresholds: DriftTh
         return report
 
     columns: dict[str, NumericDrift | CategoricalDrift | LabelDrift | PhotoDrift] = {}
-    for col in NUMERIC_COLUMNS:
+    numeric = list(schema.columns.numerical) + ([label] if problem_type == "regression" else [])
+    for col in numeric:
         if why := _absent(col, reference, batch):
             report.skipped[col] = why
             continue
@@ -256,15 +266,18 @@ def drift_gate(reference: pd.DataFrame, batch: pd.DataFrame, thresholds: DriftTh
             report.skipped[col] = f"column '{col}' has no numbers in the {'reference' if ref.size == 0 else 'batch'}"
             continue
         columns[col] = _numeric("numeric", ref, new, t)
-    for col in TEXT_LENGTH_COLUMNS:
+    for col in schema.columns.text:
         if why := _absent(col, reference, batch):
             report.skipped[col + LENGTH_SUFFIX] = why
             continue
         columns[col + LENGTH_SUFFIX] = _numeric("text_length", _text_lengths(reference[col]),
                                                 _text_lengths(batch[col]), t)
 
+    # an empty categorical cell is a missing value, not a code
+    reference = reference.replace({c: {"": np.nan} for c in schema.columns.categorical if c in reference.columns})
+    batch = batch.replace({c: {"": np.nan} for c in schema.columns.categorical if c in batch.columns})
     categorical = []
-    for col in CATEGORICAL_COLUMNS:
+    for col in schema.columns.categorical:
         if why := _absent(col, reference, batch):
             report.skipped[col] = why
         elif reference[col].notna().sum() == 0:
@@ -275,14 +288,17 @@ def drift_gate(reference: pd.DataFrame, batch: pd.DataFrame, thresholds: DriftTh
     for col in categorical:
         columns[col] = _categorical(reference[col].dropna(), batch[col].dropna(), unseen[col], t)
 
-    if why := _absent(LABEL, reference, batch):
-        report.skipped[LABEL] = why
-    else:
-        columns[LABEL] = _label(reference[LABEL], batch[LABEL], label_kind, t)
-    if why := _absent(IMAGES, reference, batch):
-        report.skipped[MISSING_PHOTOS] = why
-    else:
-        columns[MISSING_PHOTOS] = _photos(reference[IMAGES], batch[IMAGES], t)
+    if problem_type != "regression":
+        if why := _absent(label, reference, batch):
+            report.skipped[label] = why
+        else:
+            columns[label] = _label(reference[label], batch[label], problem_type, list(classes or []), t)
+    if schema.columns.image:
+        if why := _absent(schema.columns.image[0], reference, batch):
+            report.skipped[MISSING_PHOTOS] = why
+        else:
+            columns[MISSING_PHOTOS] = _photos(image_cells(reference, schema.columns.image),
+                                              image_cells(batch, schema.columns.image), t)
 
     report.columns = dict(columns)
     report.drifted = [n for n, c in columns.items() if c.status == "fail"]
@@ -316,7 +332,7 @@ def render_drift_markdown(report: DriftReport) -> str:
     """The report for people (also the Prefect artifact): verdict, reason, one table row per column."""
     lines = [f"# Drift gate: {_title(report)}", "", report.reason, "",
              f"Reference {report.reference_rows} rows, batch {report.batch_rows} rows, label `{report.label}` "
-             f"({report.label_kind}). A figure strictly above its threshold warns / fails.", ""]
+             f"({report.problem_type}). A figure strictly above its threshold warns / fails.", ""]
     if report.columns:
         lines += ["| column | kind | statistic | value | warn | fail | status | unseen codes (rows) | figures |",
                   "|---|---|---|---:|---:|---:|---|---|---|"]

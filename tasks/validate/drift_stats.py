@@ -117,7 +117,7 @@ def category_figures(reference: pd.Series, batch: pd.Series) -> CategoryFigures:
 class UnseenFigures:
     share: float  # of the batch's rows (GX unexpected_percent / 100)
     rows: int
-    codes: dict[int, int] = field(default_factory=dict)  # code -> rows, most frequent first
+    codes: dict[str, int] = field(default_factory=dict)  # code -> rows, most frequent first
     gx_success: bool = True
 
 
@@ -151,7 +151,7 @@ def unseen_codes(reference: pd.DataFrame, batch: pd.DataFrame, columns: list[str
             raise RuntimeError(f"GX failed on {d['expectation_config']['kwargs']['column']}: "
                                f"{d['exception_info'].get('exception_message')}")
         res = d["result"]
-        counts = Counter(int(v) for v in res.get("unexpected_list") or res.get("partial_unexpected_list") or [])
+        counts = Counter(str(v) for v in res.get("unexpected_list") or res.get("partial_unexpected_list") or [])
         out[d["expectation_config"]["kwargs"]["column"]] = UnseenFigures(
             share=float(res.get("unexpected_percent") or 0.0) / 100, rows=int(res.get("unexpected_count") or 0),
             codes=dict(counts.most_common()), gx_success=bool(d["success"]),
@@ -159,8 +159,9 @@ def unseen_codes(reference: pd.DataFrame, batch: pd.DataFrame, columns: list[str
     return out
 
 
-def label_rates(reference: pd.Series, batch: pd.Series, classes: list[int]) -> dict[int, tuple[float, float]]:
-    """class -> (share in reference, share in batch), over the label set and any class either table has."""
-    seen = sorted(set(classes) | set(pd.unique(reference).tolist()) | set(pd.unique(batch).tolist()))
-    r, b = reference.value_counts(normalize=True), batch.value_counts(normalize=True)
-    return {int(c): (float(r.get(c, 0.0)), float(b.get(c, 0.0))) for c in seen}
+def label_rates(reference: pd.Series, batch: pd.Series, classes: list[int | str]) -> dict[str, tuple[float, float]]:
+    """class (as text) -> (share in reference, share in batch), over the classes and any class either table has."""
+    ref, new = reference.astype(str), batch.astype(str)
+    seen = list(dict.fromkeys([*map(str, classes), *sorted(set(ref) | set(new))]))
+    r, b = ref.value_counts(normalize=True), new.value_counts(normalize=True)
+    return {c: (float(r.get(c, 0.0)), float(b.get(c, 0.0))) for c in seen}
