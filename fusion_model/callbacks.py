@@ -30,7 +30,9 @@ class ProgressPrinter(pl.Callback):
             loss_text = f" loss {float(loss):.4f}" if loss is not None else ""
             self._print(trainer, f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs} step {step}{loss_text}")
 
-    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # after the epoch's metrics are in callback_metrics (the module logs them in its own epoch-end hook,
+        # which Lightning calls after the callbacks' on_validation_epoch_end)
         if trainer.sanity_checking:
             return
         metrics = {k: round(float(v), 5) for k, v in trainer.callback_metrics.items()

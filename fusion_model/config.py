@@ -43,7 +43,16 @@ class TrainConfig(BaseModel):
     # logit per code beside the deep path
     cat_dim: int = Field(4, ge=1)
     numeric_bins: int = Field(16, ge=1)
+    # a numerical column with at most this many distinct training values also enters as a code (0: never)
+    numeric_codes_max: int = Field(0, ge=0)
     category_logits: bool = True
+    category_lr_multiplier: float = Field(1.0, gt=0)  # the per-code logits' learning rate, times lr
+    # image: a linear logit of the photo's coarse colours beside the encoder, and the share of training rows
+    # whose image input is dropped
+    colour_logit: bool = False
+    modality_dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    # weight of the auxiliary loss of each deep modality's own head (0: none)
+    aux_loss_weight: float = Field(0.0, ge=0.0)
     adapter_dim: int = Field(64, ge=1)
     hidden_sizes: list[int] = [128]
     activation: Literal["relu", "gelu", "leaky_relu", "tanh"] = "gelu"
@@ -51,6 +60,11 @@ class TrainConfig(BaseModel):
     layer_norm: bool = True
     # inputs the model sees; a subset trains a single-modality baseline of the same architecture
     modalities: list[Literal["image", "tabular", "text"]] = ["image", "tabular", "text"]
+    # the loss and the decision rule
+    class_weight: Literal["none", "balanced"] = "none"  # balanced: rare classes weigh more in the loss
+    # fit the decision rule on the validation rows each epoch: ordinal cut points (quadratic weighted kappa),
+    # multiclass class biases (macro F1); false: the expected class rounded / the argmax
+    fit_decision: bool = True
     # optimisation
     max_epochs: int = Field(8, ge=1)
     # stop when the validation metric has not improved for this many epochs (None: train max_epochs);
