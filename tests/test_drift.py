@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from fusion_model.schema import CATEGORICAL_COLUMNS, IMAGES, LABEL, NUMERIC_COLUMNS
+from fusion_model.dataset import resolve_schema
+from fusion_model.presets.petfinder import CATEGORICAL_COLUMNS, IMAGES, LABEL, NUMERIC_COLUMNS
 from tasks.validate.drift import (
     CategoricalDrift,
     DriftReport,
@@ -40,7 +41,7 @@ def tables(tmp_path_factory: pytest.TempPathFactory) -> tuple[pd.DataFrame, pd.D
     root = tmp_path_factory.mktemp("drift")
     generate(root / "raw", SyntheticParams(n_train=3000, n_test=1000, image_size=16, seed=3))
     out = root / "validated"
-    validate(ValidateParams(dataset_dir=root / "raw" / "petfinder_for_tutorial", out_dir=out,
+    validate(ValidateParams(dataset_dir=root / "raw" / "dataset", out_dir=out,
                             report_dir=root / "reports"))
     reference = pd.concat([pd.read_parquet(out / "train.parquet"), pd.read_parquet(out / "val.parquet")],
                           ignore_index=True)
@@ -66,7 +67,7 @@ def shift_age(batch: pd.DataFrame) -> pd.DataFrame:
 def unseen_codes(batch: pd.DataFrame) -> pd.DataFrame:
     """30% of rows get FurLength 0 and MaturitySize 0: valid codes ("not specified") never generated."""
     rows = np.random.default_rng(0).permutation(len(batch))[: int(0.3 * len(batch))]
-    batch.loc[rows, ["FurLength", "MaturitySize"]] = 0
+    batch.loc[rows, ["FurLength", "MaturitySize"]] = "0"
     return batch
 
 
@@ -114,7 +115,7 @@ def test_unseen_codes_fail_and_are_listed(reference: pd.DataFrame, batch: pd.Dat
         col = report.columns[c]
         assert isinstance(col, CategoricalDrift)
         assert col.unseen_share == pytest.approx(0.3) and col.unseen_status == "fail" and not col.gx_success
-        assert [(u.code, u.rows) for u in col.unseen_codes] == [(0, int(0.3 * BATCH_ROWS))]
+        assert [(u.code, u.rows) for u in col.unseen_codes] == [("0", int(0.3 * BATCH_ROWS))]
         assert col.psi > THRESHOLDS.category_psi_fail  # the "other" bucket holds the new code
     assert f"0 ({int(0.3 * BATCH_ROWS)})" in report.reason
 
@@ -141,7 +142,8 @@ def test_multiclass_label_gates_the_largest_class_change(reference: pd.DataFrame
     reference = reference.assign(**{LABEL: np.arange(len(reference)) % 5})
     speeds = np.arange(len(batch)) % 5
     speeds[speeds == 4] = 0  # class 4 (never adopted) vanishes into class 0
-    report = drift_gate(reference, batch.assign(**{LABEL: speeds}), THRESHOLDS, label_kind="multiclass")
+    ordinal = resolve_schema({"preset": "petfinder", "label": {"problem_type": "ordinal"}})
+    report = drift_gate(reference, batch.assign(**{LABEL: speeds}), THRESHOLDS, ordinal, [0, 1, 2, 3, 4])
     assert_fails_on(report, LABEL)
     label = report.columns[LABEL]
     assert label.statistic == "max_rate_difference" and label.value == pytest.approx(0.2)
@@ -181,7 +183,7 @@ def test_report_files(reference: pd.DataFrame, batch: pd.DataFrame, tmp_path: Pa
     assert data["passed"] is False and sorted(data["drifted"]) == ["Age", "FurLength", "MaturitySize"]
     assert {"warned", "warnings", "reason", "reference_rows", "batch_rows", "thresholds", "columns"} <= set(data)
     assert data["thresholds"] == THRESHOLDS.model_dump() and data["batch_rows"] == BATCH_ROWS
-    assert data["columns"]["FurLength"]["unseen_codes"] == [{"code": 0, "rows": 180}]
+    assert data["columns"]["FurLength"]["unseen_codes"] == [{"code": "0", "rows": 180}]
     assert DriftReport.model_validate(data) == report  # round trip, kinds included
     markdown = paths[1].read_text()
     assert markdown == render_drift_markdown(report)
