@@ -26,7 +26,14 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from fusion_model.callbacks import ProgressPrinter, Throughput
 from fusion_model.config import TrainConfig, processes_per_node
 from fusion_model.data import FusionDataModule, ValidatedData
-from fusion_model.layout import BEST_CHECKPOINT, LAST_CHECKPOINT, LIVE_DIR, MODEL_CONFIG, TRAIN_SUMMARY
+from fusion_model.layout import (
+    BEST_CHECKPOINT,
+    LAST_CHECKPOINT,
+    LIVE_DIR,
+    MODEL_CONFIG,
+    RANKS_DIR,
+    TRAIN_SUMMARY,
+)
 from fusion_model.loopback import bind_stores_to_master_addr
 from fusion_model.module import FusionModule, metric_name
 from fusion_model.preprocess import Preprocessor
@@ -187,6 +194,9 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.multi_host:  # which global ranks ran on this host: its node job reports them with its files
+        rank = {k.lower(): int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE")}
+        write_json(out_dir / RANKS_DIR / f"rank-{rank['rank']}.json", rank)
     data = ValidatedData.read(cfg.data_dir)
     # Fitted from the train split on every rank: deterministic, so all ranks agree without a broadcast.
     pre = Preprocessor.fit(data.train, text_buckets=cfg.text_buckets, image_size=cfg.image_size,
