@@ -12,7 +12,7 @@
 5. in its one conversion task, gathers every host's shards (tasks/convert/gather.py) and converts once.
 
 The node job (`train_node`) runs on its host: fetch inputs, torchrun, upload shards (tasks/train/nodes.py).
-It also stops its ranks when the run that started it has ended (cancelled, crashed, killed).
+It also stops its ranks once the run that started it is over (failed, cancelled, crashed).
 """
 
 from __future__ import annotations
@@ -184,17 +184,21 @@ def _annotate(message: str, p: TrainConfig) -> str:
     return f"{message} ({'; '.join(seen)})" if seen else message
 
 
-def _failure(p: TrainConfig, runs: dict[str, FlowRun], joined: set[str], pool: str, run_id: str) -> str:
+def _failure(p: TrainConfig, seen: dict[str, FlowRun], stopped: dict[str, FlowRun], joined: set[str], pool: str,
+             run_id: str) -> str:
+    """What went wrong, host by host: `seen` the node runs when the failure was noticed, `stopped` after the
+    others were stopped."""
     lines = [f"training across hosts failed (run {run_id}):"]
-    for host, run in runs.items():
+    for host, run in seen.items():
         state = run.state
         if state is not None and state.type in _BAD:
             lines.append(f"- host {host}: {state.name}: " + _annotate((state.message or "").strip()[:1500], p))
         elif host not in joined:
             lines.append("- " + _why_absent(p, host, run, pool))
         else:
-            lines.append(f"- host {host}: {state.name if state else 'unknown'} (stopped with the run)")
-    absent = [h for h in runs if h not in joined]
+            after = stopped[host].state
+            lines.append(f"- host {host}: {after.name if after else 'unknown'} (stopped with the run)")
+    absent = [h for h in seen if h not in joined]
     if absent:
         lines.insert(1, f"host(s) {', '.join(absent)} never joined the rendezvous.")
     lines.append("Nothing was gathered or converted; the last good checkpoints, model and champion are unchanged.")
@@ -244,7 +248,7 @@ def wait_for_nodes(client: Any, p: TrainConfig, runs: dict[str, FlowRun], run_id
             first = failed[0] if failed else next(h for h in runs if h not in joined)
             reason = (f"host {first} failed" if failed else f"host {first} never joined") + f" (run {run_id})"
             logger.error("train: %s: stopping the other hosts", reason)
-            raise StageError(_failure(p, stop_nodes(client, current, reason), joined, pool, run_id))
+            raise StageError(_failure(p, current, stop_nodes(client, current, reason), joined, pool, run_id))
         if all(r.state is not None and r.state.type == StateType.COMPLETED for r in current.values()):
             return
         time.sleep(POLL_S)

@@ -23,7 +23,7 @@ import torch
 from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from fusion_model.callbacks import ProgressPrinter, Throughput
+from fusion_model.callbacks import ProgressPrinter, SameFolderOnEveryHost, Throughput
 from fusion_model.config import TrainConfig, processes_per_node
 from fusion_model.data import FusionDataModule, ValidatedData
 from fusion_model.layout import (
@@ -224,6 +224,8 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     progress = ProgressPrinter()
     throughput = Throughput(cfg.batch_size)
     callbacks: list[pl.Callback] = [checkpoint, progress, throughput, LearningRateMonitor(logging_interval="step")]
+    if cfg.multi_host:
+        callbacks.append(SameFolderOnEveryHost(out_dir))
     if cfg.early_stopping_patience:
         callbacks.append(EarlyStopping(monitor=f"val/{metric}", mode="max", patience=cfg.early_stopping_patience))
     trainer = pl.Trainer(

@@ -7,11 +7,13 @@ The lab the multi-host tests and `scripts/multihost_demo.sh` run in (root only):
   (`git daemon`) listen, and a worker for the retrain flow (work queue `default`);
 - hosts h0, h1, ...: one network namespace each, reaching the control side over the bridge (198.18.<k>.x)
   and each other over a separate training link (198.19.<k>.x, interface `train0`: a veth pair for two
-  hosts, a second bridge for more). Each host's worker (work queue h<i>, RETRAIN_HOME its own folder)
-  runs in a mount namespace of its own where the control side's and the other hosts' folders are covered
-  by empty read-only tmpfs and /var/tmp (DVC's site cache) is private: nothing reaches a host by disk
-  except the code and the venv. The code comes from the control side's `git daemon`, the data from the
-  DVC remote; `prefect deploy` runs without RETRAIN_HOME/RETRAIN_REPOSITORY, so each worker uses its own;
+  hosts, a second bridge for more). Each host's worker (work queue h<i>) runs in a mount namespace of its
+  own where the host's own folder is mounted at the path every machine uses as RETRAIN_HOME
+  (`<root>/machine`; Lightning has every rank save where global rank 0 says, so the path must be the same
+  on all hosts), the control side's and the other hosts' folders are covered by empty read-only tmpfs,
+  and /var/tmp (DVC's site cache) is private: nothing reaches a host by disk except the code and the venv.
+  The code comes from the control side's `git daemon`, the data from the DVC remote; `prefect deploy` runs
+  without RETRAIN_HOME/RETRAIN_REPOSITORY, so each worker fills in its own;
 - everything torn down by `down()`, whatever state the lab is in; if the process that made the lab is
   killed first, a reaper ends its processes and the next lab removes its namespaces (`sweep_stale`).
 
@@ -120,7 +122,7 @@ class HostLab(PrefectStack):
         self.aux: dict[str, subprocess.Popen] = {}
         self.network_up = False
         project = control / "git" / "project"
-        self.machine = root / "machine"  # the control side's RETRAIN_HOME
+        self.machine = root / "machine"  # RETRAIN_HOME on every machine (the control side's own folder here)
         self.machine.mkdir(parents=True, exist_ok=True)
         super().__init__(project, control / "prefect", self.machine)
         self.api = f"http://{self.bridge_address}:{self.port}/api"
@@ -164,13 +166,14 @@ class HostLab(PrefectStack):
     def in_host(self, h: Host, cmd: list[str]) -> list[str]:
         """`cmd` inside host `h`: its network namespace, a mount namespace where only its own folders exist
         (the control side's and the other hosts' are covered), its own /var/tmp and host name."""
-        hide = [str(self.control), str(self.machine)] + [str(o.home) for o in self.hosts if o is not h]
+        hide = [str(self.control)] + [str(o.home) for o in self.hosts if o is not h]
         script = (
-            'set -e; mount --make-rprivate /; hostname "$1"; shift; mount -t tmpfs -o size=256m tmpfs /var/tmp; '
+            'set -e; mount --make-rprivate /; hostname "$1"; mount --bind "$2" "$3"; shift 3; '
+            'mount -t tmpfs -o size=256m tmpfs /var/tmp; '
             'while [ "$1" != "--" ]; do mount -t tmpfs -o ro,size=1m tmpfs "$1"; shift; done; shift; exec "$@"'
         )
         return ["ip", "netns", "exec", h.netns, "unshare", "--mount", "--uts", "sh", "-c", script, "sh", h.name,
-                *hide, "--", *cmd]
+                str(h.home), str(self.machine), *hide, "--", *cmd]
 
     def listeners(self, h: Host) -> set[tuple[str, int]]:
         """(address, port) of every TCP socket listening in host `h`'s network namespace."""
@@ -245,10 +248,10 @@ class HostLab(PrefectStack):
     def worker_env(self, name: str) -> dict[str, str]:
         """A worker's environment: its machine's RETRAIN_HOME and PREFECT_HOME (made here: Prefect does not
         make missing parents), the repository every machine clones."""
-        home = next((h.home for h in self.hosts if h.name == name), self.machine)
+        home = next((h.home for h in self.hosts if h.name == name), self.machine)  # seen at self.machine
         (home / ".prefect").mkdir(parents=True, exist_ok=True)
-        return self.env | {"RETRAIN_HOME": str(home), "RETRAIN_REPOSITORY": self.repository,
-                           "PREFECT_HOME": str(home / ".prefect")}
+        return self.env | {"RETRAIN_HOME": str(self.machine), "RETRAIN_REPOSITORY": self.repository,
+                           "PREFECT_HOME": str(self.machine / ".prefect")}
 
     def start_host_worker(self, h: Host) -> None:
         log = open(self.logs / f"worker-{h.name}.log", "a")  # noqa: SIM115 (closed with the process)
