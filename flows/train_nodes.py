@@ -258,7 +258,6 @@ def wait_for_nodes(client: Any, p: TrainConfig, runs: dict[str, FlowRun], run_id
 def train_across_hosts(params: Params, run_id: str) -> TrainSummary:
     """Train on every host of `train.hosts` (see the module docstring); returns the run's training summary."""
     from tasks.train.nodes import publish_inputs
-    from tasks.train.stage import _publish_live_log
 
     logger = get_run_logger()
     p, remote = params.train, params.version.remote
@@ -285,24 +284,29 @@ def train_across_hosts(params: Params, run_id: str) -> TrainSummary:
             with contextlib.suppress(Exception):
                 stop_nodes(client, runs, f"the retrain run {run_id} was stopped")
             raise
-    return _publish_summary(p, run_id, remote, started, _publish_live_log)
+    return _publish_summary(p, run_id, remote, started)
 
 
-def _publish_summary(p: TrainConfig, run_id: str, remote: str | None, started: float, publish: Any) -> TrainSummary:
+def _publish_summary(p: TrainConfig, run_id: str, remote: str | None, started: float) -> TrainSummary:
     """The summary and DVCLive log of the host of global rank 0: curves into train.live_dir, an artifact."""
     from tasks._io.remote import RunFiles, open_repo, remote_of
+    from tasks.train.stage import _publish_live_log
 
     with open_repo() as repo:
         run_files = RunFiles(remote_of(repo, remote), run_id)
         manifests = {h.name: read_manifest(run_files, h.name) for h in p.hosts}
-        primary = next(m for m in manifests.values() if m.primary)
+        primary = next((m for m in manifests.values() if m.primary), None)
+        if primary is None:
+            raise StageError(f"run {run_id}: no host's manifest lists global rank 0 ("
+                             + ", ".join(f"{h} {m.global_ranks}" for h, m in manifests.items())
+                             + "); the uploads are incomplete. Re-run training.")
         beside = Path(p.live_dir).parent  # the log is renamed into train.live_dir: the same filesystem
         beside.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=beside, prefix=".train-live-") as tmp:
             raw = fetch_live_log(run_files, primary, Path(tmp))
             summary = TrainSummary.model_validate(raw)
             summary.wall_s = round(time.monotonic() - started, 2)
-            summary.curves = str(publish(p, Path(tmp), summary))
+            summary.curves = str(_publish_live_log(p, Path(tmp), summary))
     summary.out_dir = str(p.out_dir)
     ranks = {h: m.global_ranks for h, m in manifests.items()}
     create_markdown_artifact(
