@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -346,9 +347,12 @@ def _time(stamp: str) -> float:
 def test_a_host_killed_mid_training_ends_every_rank_and_changes_nothing(lab: HostLab, zero2: dict[str, Any]) -> None:
     h0, h1 = lab.hosts
     before = _state_of_checkpoints(lab)
+    staging = lab.node_workspace(h0) / "data/.checkpoints.staging"
+    shutil.rmtree(staging, ignore_errors=True)  # an earlier run's last.ckpt must not be taken for this one's
     flow_run_id = lab.submit("retrain/on-demand", overrides={"train": {"max_epochs": 200}})
-    saved = lab.node_workspace(h0) / "data/.checkpoints.staging/last.ckpt"
-    _wait_until(lambda: saved.is_dir() and lab.ranks(h1), 600, "both hosts training past their first epoch")
+    saved = staging / "last.ckpt"
+    _wait_until(lambda: saved.is_dir() and lab.ranks(h0) and lab.ranks(h1), 600,
+                "both hosts training past their first epoch")
     killed = lab.kill_host(h1)  # the machine is lost: its worker, node job, torchrun and rank, at once
     assert killed >= 3
     took = _wait_until(lambda: not lab.ranks(h0) and not lab.ranks(h1), 60, "every rank on every host to end")
