@@ -52,24 +52,24 @@ def run(zero_stage: int, tiny: bool, work: Path) -> dict[str, Any]:
                              f"{lab.log('worker')}")
         workspace = lab.workspace
         summary = json.loads((workspace / "data/checkpoints/train_summary.json").read_text())
-        run_id = lab.run_id_of(flow_run)
+        shards = shards_per_host(lab, lab.run_id_of(flow_run))
         print(f"[demo] trained on both hosts and converted in {time.monotonic() - started:.0f} s; single-host "
               "reference next", flush=True)
-        model = workspace / "data/model/model.safetensors"
-        ref_model, ref_summary = single_host_reference(workspace, work / "single_host")
-        bit_equal, diff = compare(model, ref_model)
-        rate, ref_rate = summary["samples_per_s"], ref_summary["samples_per_s"]
-        return {
-            "hosts": len(lab.hosts), "world_size": summary["world_size"], "strategy": summary["strategy"],
-            "zero_stage": summary["zero_stage"], "shards_per_host": shards_per_host(lab, run_id),
-            "model_sha256": sha256(model), "single_host_sha256": sha256(ref_model), "bit_equal": bit_equal,
-            "max_abs_diff": diff, "samples_per_s": round(rate, 2), "single_host_samples_per_s": round(ref_rate, 2),
-            "throughput_ratio": round(rate / ref_rate, 3), "demo_s": round(time.monotonic() - started, 1),
-        }
     finally:
-        left = lab.down()
+        left = lab.down()  # before the reference: its workers and servers must not share the CPU with it
         if left:
             print(f"[demo] ended {len(left)} process(es) still running in the hosts", flush=True)
+    model = workspace / "data/model/model.safetensors"
+    ref_model, ref_summary = single_host_reference(workspace, work / "single_host")
+    bit_equal, diff = compare(model, ref_model)
+    rate, ref_rate = summary["samples_per_s"], ref_summary["samples_per_s"]
+    return {
+        "hosts": len(lab.hosts), "world_size": summary["world_size"], "strategy": summary["strategy"],
+        "zero_stage": summary["zero_stage"], "shards_per_host": shards,
+        "model_sha256": sha256(model), "single_host_sha256": sha256(ref_model), "bit_equal": bit_equal,
+        "max_abs_diff": diff, "samples_per_s": round(rate, 2), "single_host_samples_per_s": round(ref_rate, 2),
+        "throughput_ratio": round(rate / ref_rate, 3), "demo_s": round(time.monotonic() - started, 1),
+    }
 
 
 def main() -> int:
