@@ -287,8 +287,14 @@ def retrain(
 def _pipeline(params: Params, run_id: str, promote_model: bool, version_outputs: bool, changes: dict) -> RetrainResult:
     download_task(params.download, params.schema)
     validate_task(params.validate_, params.schema)
-    trained = train_task(params.train)
-    convert_task(params.convert)
+    if params.train.multi_host:  # a node job per host (flows/train_nodes.py); the one conversion gathers them
+        from flows.train_nodes import convert_across_hosts, train_across_hosts
+
+        trained = train_across_hosts(params, run_id)
+        convert_across_hosts(params.convert, params.train, run_id, params.version.remote)
+    else:
+        trained = train_task(params.train)
+        convert_task(params.convert)
     evaluate_task(params.evaluate)
     metrics = read_json_if_present(params.evaluate.out_dir / "metrics.json") or {}
     manifest = None

@@ -25,11 +25,18 @@ import torch
 from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from fusion_model.callbacks import ProgressPrinter, Throughput
+from fusion_model.callbacks import ProgressPrinter, SameFolderOnEveryHost, Throughput
 from fusion_model.config import TrainConfig, processes_per_node
 from fusion_model.data import FusionDataModule, ValidatedData
 from fusion_model.dataset import row_images
-from fusion_model.layout import BEST_CHECKPOINT, LAST_CHECKPOINT, LIVE_DIR, MODEL_CONFIG, TRAIN_SUMMARY
+from fusion_model.layout import (
+    BEST_CHECKPOINT,
+    LAST_CHECKPOINT,
+    LIVE_DIR,
+    MODEL_CONFIG,
+    RANKS_DIR,
+    TRAIN_SUMMARY,
+)
 from fusion_model.loopback import bind_stores_to_master_addr
 from fusion_model.metrics import greater_is_better
 from fusion_model.module import FusionModule, balanced_class_weight, metric_name, monitor_mode
@@ -204,6 +211,9 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.multi_host:  # which global ranks ran on this host: its node job reports them with its files
+        rank = {k.lower(): int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE")}
+        write_json(out_dir / RANKS_DIR / f"rank-{rank['rank']}.json", rank)
     data = ValidatedData.read(cfg.data_dir)
     schema, problem_type = data.schema, data.problem_type
     # Fitted from the train split on every rank: deterministic, so all ranks agree without a broadcast.
@@ -247,6 +257,8 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     progress = ProgressPrinter()
     throughput = Throughput(cfg.batch_size)
     callbacks: list[pl.Callback] = [checkpoint, progress, throughput, LearningRateMonitor(logging_interval="step")]
+    if cfg.multi_host:
+        callbacks.append(SameFolderOnEveryHost(out_dir))
     if cfg.early_stopping_patience:
         callbacks.append(EarlyStopping(monitor=f"val/{metric}", mode=monitor_mode(problem_type),
                                        patience=cfg.early_stopping_patience))
