@@ -62,10 +62,6 @@ class TrainConfig(BaseModel):
     numeric_codes_max: int = Field(0, ge=0)
     category_logits: bool = True
     category_lr_multiplier: float = Field(1.0, gt=0)  # the per-code logits' learning rate, times lr
-    # image: a linear logit of the photo's coarse colours beside the encoder, and the share of training rows
-    # whose image input is dropped
-    colour_logit: bool = False
-    modality_dropout: float = Field(0.0, ge=0.0, lt=1.0)
     # weight of the auxiliary loss of each deep modality's own head (0: none)
     aux_loss_weight: float = Field(0.0, ge=0.0)
     adapter_dim: int = Field(64, ge=1)

@@ -96,8 +96,6 @@ def model_kwargs(cfg: TrainConfig, pre: Preprocessor, num_classes: int, modaliti
         "dropout": cfg.dropout,
         "layer_norm": cfg.layer_norm,
         "category_logits": cfg.category_logits,
-        "colour_logit": cfg.colour_logit,
-        "modality_dropout": cfg.modality_dropout,
         "aux_loss_weight": cfg.aux_loss_weight,
         "modalities": modalities,
     }

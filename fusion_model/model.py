@@ -21,7 +21,7 @@ from torch import nn
 
 from fusion_model import heads
 from fusion_model.dataset import MODALITIES
-from fusion_model.wide import CategoryLogit, ColourLogit, TextLogit
+from fusion_model.wide import CategoryLogit, TextLogit
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {
     "relu": nn.ReLU, "gelu": nn.GELU, "leaky_relu": nn.LeakyReLU, "tanh": nn.Tanh,
@@ -142,8 +142,6 @@ class FusionModel(nn.Module):
         dropout: float = 0.3,
         layer_norm: bool = True,
         category_logits: bool = True,
-        colour_logit: bool = False,
-        modality_dropout: float = 0.0,
         aux_loss_weight: float = 0.0,
         modalities: Sequence[str] = MODALITIES,
     ) -> None:
@@ -166,10 +164,8 @@ class FusionModel(nn.Module):
             self.register_buffer("target_mean", torch.zeros(()))
             self.register_buffer("target_std", torch.ones(()))
         encoders: dict[str, nn.Module] = {}
-        self.modality_dropout = modality_dropout
         if "image" in self.modalities:
             encoders["image"] = self.image = ImageEncoder(image_model, pretrained, image_size)
-            self.colour_logit = ColourLogit(width) if colour_logit else None
         if "tabular" in self.modalities:
             encoders["tabular"] = self.tabular = TabularEncoder(cat_cardinalities, n_numeric, cat_dim)
             self.category_logit = CategoryLogit(cat_cardinalities, width) if category_logits else None
@@ -221,12 +217,7 @@ class FusionModel(nn.Module):
         if "tabular" in self.modalities and self.category_logit is not None:
             codes = self.category_logit(batch["categorical"])
             wide.append(codes * 0 if "tabular" in mask else codes)
-        keep_image = self._image_keep(batch)
-        if "image" in self.modalities and self.colour_logit is not None:
-            colour = self.colour_logit(batch["image"])
-            if keep_image is not None:
-                colour = colour * keep_image.to(colour.dtype).unsqueeze(1)
-            wide.append(colour * 0 if "image" in mask else colour)
+        keep_image = batch.get("image_mask")  # 0 for a row without a photo
         logits = None
         if self.head is not None:
             features = self.encode(batch)
@@ -247,16 +238,6 @@ class FusionModel(nn.Module):
             logits = part if logits is None else logits + part.to(logits.dtype)
         assert logits is not None  # modalities is non-empty
         return self.ordinal(logits) if self.ordinal is not None else logits
-
-    def _image_keep(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
-        """Per row, 1 where the image counts: a photo is there (`image_mask`) and, in training, it was not
-        dropped (`modality_dropout`: the other inputs learn not to lean on a photo that may be noise)."""
-        keep = batch.get("image_mask")
-        if self.training and self.modality_dropout > 0 and "image" in self.modalities:
-            rows = batch["image"].shape[0]
-            drop = torch.rand(rows, device=batch["image"].device) < self.modality_dropout
-            keep = (~drop).float() if keep is None else keep * (~drop).to(keep.dtype)
-        return keep
 
     def interpret(self, raw: torch.Tensor) -> heads.Outputs:
         """Predictions from this model's raw output (its fitted cut points, biases and target scale)."""

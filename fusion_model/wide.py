@@ -3,11 +3,8 @@
 On real adoption data the text's signal is lexical and nearly linear (a TF-IDF logistic regression is the
 strong text baseline; learned text embeddings overfit within two epochs): `TextLogit` is that model inside
 the network, trained with it. `CategoryLogit` adds one learned logit per code of each categorical column
-(a one-hot linear model) beside the deep tabular path. `ColourLogit` is a linear model of a photo's coarse
-colours (a 4x4 grid of channel means and each channel's spread), beside the image encoder that learns from
-scratch: on a few thousand real photos its signal is there from the first step, while the convolutional
-features take many epochs. All start at zero, so training starts from the deep part's prediction. Modules
-take tensors and return tensors.
+(a one-hot linear model) beside the deep tabular path. Both start at zero, so training starts from the
+deep part's prediction. Modules take tensors and return tensors.
 """
 
 from __future__ import annotations
@@ -67,21 +64,3 @@ class CategoryLogit(nn.Module):
     def forward(self, categorical: torch.Tensor) -> torch.Tensor:
         return sum(table(categorical[:, i]) for i, table in enumerate(self.tables))
 
-
-class ColourLogit(nn.Module):
-    """Logits of a linear model over a normalised image's 4x4 grid of channel means and per-channel
-    standard deviations: [B, 3, H, W] -> [B, width]."""
-
-    GRID = 4
-
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.linear = nn.Linear(3 * self.GRID * self.GRID + 3, width)
-        nn.init.zeros_(self.linear.weight)
-        nn.init.zeros_(self.linear.bias)
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        images = images.to(self.linear.weight.dtype)
-        grid = nn.functional.adaptive_avg_pool2d(images, self.GRID).flatten(1)
-        spread = images.flatten(2).std(dim=2)
-        return self.linear(torch.cat([grid, spread], dim=1))

@@ -376,3 +376,61 @@ def test_a_single_modality_model_has_no_empty_optimizer_group(validated: Path, p
     groups = trainer.optimizers[0].param_groups
     assert groups and all(g["params"] for g in groups)
     assert len(trainer.lr_scheduler_configs[0].scheduler.base_lrs) == len(groups)
+
+
+def test_auxiliary_heads_add_a_loss_per_deep_modality_and_are_not_used_to_predict(validated: Path,
+                                                                                 pre: Preprocessor) -> None:
+    torch.manual_seed(0)
+    model = FusionModel(**_kwargs(pre), aux_loss_weight=0.5)
+    assert set(model.aux_heads) == {"image", "tabular"}
+    batch = _batch(validated, pre)
+    model.train()
+    with_aux = model.loss(model(batch), batch["label"])
+    model.aux_loss_weight = 0.0
+    without = model.loss(model(batch), batch["label"])
+    assert with_aux > without  # the heads' own losses are added in training
+    model.eval()
+    raw = model(batch)
+    assert model._aux == [] and torch.equal(raw, model(batch))  # predicting ignores them
+
+
+def test_a_numerical_column_with_few_values_is_also_a_code(validated: Path) -> None:
+    data = ValidatedData.read(validated)
+    pre = Preprocessor.fit(data.train, data.schema, text_buckets=256, image_size=32, image_index=0,
+                           numeric_codes_max=5)
+    coded = [c for c in pre.categorical_columns if c in data.schema.columns.numerical]
+    assert "Quantity" not in coded  # one value in every row: nothing to code
+    assert coded and all(data.train[c].nunique() <= 5 for c in coded)
+    assert all(c in pre.numeric_columns for c in coded)  # still a number too
+    codes = pre.categorical(data.train.iloc[:3])
+    assert codes.shape == (3, len(pre.categorical_columns)) and (codes[:, -1] > 0).all()
+
+
+def test_a_model_of_the_earlier_format_still_loads_and_predicts(validated: Path, pre: Preprocessor,
+                                                               tmp_path: Path) -> None:
+    """A champion promoted before dataset schemas (model_config.json format 1) keeps working."""
+    from fusion_model.legacy import upgrade_config
+
+    model_dir, model = _saved_model(tmp_path, pre)
+    config = json.loads((model_dir / "model_config.json").read_text())
+    numeric = [c.replace("RescuerID frequency", "rescuer_listings").replace("Breed1 frequency", "breed1_frequency")
+               for c in pre.numeric_columns]
+    v1_pre = {k: v for k, v in pre.to_dict().items() if k not in ("numeric_log", "frequency_columns",
+                                                                 "frequency_counts", "image_columns")}
+    v1_pre.update(numeric_columns=numeric, rescuer_counts=pre.frequency_counts["RescuerID"],
+                  breed1_counts=pre.frequency_counts["Breed1"],
+                  vocabularies={c: [int(v) for v in vs] for c, vs in pre.vocabularies.items()})
+    v1_model = {k: v for k, v in config["model"].items() if k not in ("problem_type", "target_transform")}
+    v1 = {"format_version": 1, "model": v1_model, "preprocess": v1_pre, "label": "AdoptionSpeed",
+          "label_kind": "binary", "classes": [0, 1], "metric": "auc"}
+    upgraded = upgrade_config(v1)
+    assert upgraded["problem_type"] == "binary" and upgraded["dataset"]["preset"] == "petfinder"
+    assert Preprocessor.from_dict(upgraded["preprocess"]) == pre
+    (model_dir / "model_config.json").write_text(json.dumps(v1))
+    data = ValidatedData.read(validated)
+    rows = data.val.drop(columns=["AdoptionSpeed"])
+    old = Predictor.load(model_dir).predict_proba(rows, data.dataset_root)
+    (model_dir / "model_config.json").write_text(json.dumps(config))
+    np.testing.assert_allclose(old, Predictor.load(model_dir).predict_proba(rows, data.dataset_root), rtol=1e-6)
+    with pytest.raises(ValueError, match="format_version 9 is newer than this version reads"):
+        upgrade_config({**v1, "format_version": 9})
