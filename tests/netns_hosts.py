@@ -316,6 +316,9 @@ class HostLab(PrefectStack):
                 with contextlib.suppress(ProcessLookupError, psutil.Error):
                     killed.append(" ".join(psutil.Process(pid).cmdline())[:120])
                     os.kill(pid, signal.SIGKILL)
+            # the root-side veth ends go with their namespace, but asynchronously: delete them here
+            for link in (f"{self.tag}c{h.index}", f"{self.tag}t{h.index}"):
+                sh("ip", "link", "del", link, check=False)
             sh("ip", "netns", "del", h.netns, check=False)
         if self.network_up:
             for link in (f"{self.tag}br", f"{self.tag}tb"):
@@ -323,8 +326,15 @@ class HostLab(PrefectStack):
             self.network_up = False
         return killed
 
-    def remaining(self) -> list[str]:
-        """What of the lab still exists: namespaces, links, processes under its folders."""
+    def remaining(self, settle_s: float = 10.0) -> list[str]:
+        """What of the lab still exists: namespaces, links, processes under its folders (the kernel tears a
+        deleted namespace's links down asynchronously, so this waits up to settle_s for them to go)."""
+        deadline = time.monotonic() + settle_s
+        while (left := self._remaining()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return left
+
+    def _remaining(self) -> list[str]:
         left = [n for n in (h.netns for h in self.hosts) if n in sh("ip", "netns", "list", check=False).stdout]
         links = sh("ip", "-br", "link", check=False).stdout
         left += [f"link {w.split()[0]}" for w in links.splitlines() if w.startswith(self.tag)]
