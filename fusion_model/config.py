@@ -54,6 +54,9 @@ class TrainConfig(BaseModel):
     text_min_df: int = Field(2, ge=1)
     text_max_features: int = Field(1024, ge=1)  # distinct n-grams kept per row
     text_lr_multiplier: float = Field(1.5, gt=0)  # the text table's learning rate, times lr
+    # the text table's L2 penalty as in logistic regression (1 / (2 C)): text_l2 * |w|^2 / training rows
+    # added to the mean loss, so rare n-grams cannot fit the rows they occur in (0: none)
+    text_l2: float = Field(0.0, ge=0)
     # tabular: an embedding per code, standardised numerics and their piecewise-linear bins, and a linear
     # logit per code beside the deep path
     cat_dim: int = Field(4, ge=1)
@@ -62,6 +65,7 @@ class TrainConfig(BaseModel):
     numeric_codes_max: int = Field(0, ge=0)
     category_logits: bool = True
     category_lr_multiplier: float = Field(1.0, gt=0)  # the per-code logits' learning rate, times lr
+    category_l2: float = Field(0.0, ge=0)  # the per-code logits' L2 penalty, as text_l2
     # weight of the auxiliary loss of each deep modality's own head (0: none)
     aux_loss_weight: float = Field(0.0, ge=0.0)
     adapter_dim: int = Field(64, ge=1)

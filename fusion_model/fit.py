@@ -234,7 +234,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
                     if cfg.class_weight == "balanced" and problem_type != "regression" else None)
     module = FusionModule(kwargs, lr=cfg.lr, weight_decay=cfg.weight_decay, text_lr_multiplier=cfg.text_lr_multiplier,
                           category_lr_multiplier=cfg.category_lr_multiplier, class_weight=class_weight,
-                          fit_decision=cfg.fit_decision)
+                          fit_decision=cfg.fit_decision, text_l2=cfg.text_l2, category_l2=cfg.category_l2, train_rows=len(data.train))
     if "text" in modalities:  # the fitted text tables, in the model's buffers (so in every checkpoint)
         module.model.text.load_tables(**pre.text_tables)
     if problem_type == "regression":  # the target's scale, in buffers: predictions come out in the label's unit

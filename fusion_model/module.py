@@ -38,7 +38,8 @@ class FusionModule(pl.LightningModule):
     def __init__(
         self, model_kwargs: dict[str, Any], *, lr: float, weight_decay: float, warmup_fraction: float = 0.1,
         text_lr_multiplier: float = 1.0, category_lr_multiplier: float = 1.0, class_weight: list[float] | None = None,
-        fit_decision: bool = True,
+        fit_decision: bool = True, text_l2: float = 0.0, category_l2: float = 0.0,
+        train_rows: int = 1,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -104,14 +105,14 @@ class FusionModule(pl.LightningModule):
                 self.log(f"val/{name}", worst, on_epoch=True, sync_dist=False)
 
     def configure_optimizers(self) -> dict[str, Any]:
-        # Plain AdamW: works with ZeRO as a client optimizer (zero_allow_untested_optimizer) and needs no
+        # Plain Adam(W): works with ZeRO as a client optimizer (zero_allow_untested_optimizer) and needs no
         # JIT build, unlike DeepSpeed's CPU/Fused Adam (~160 s to compile).
         decay, no_decay, text, codes = [], [], [], []
         for name, p in self.model.named_parameters():
             if name.startswith("text."):
-                text.append(p)  # the linear text logit: its own pace, no decay (idf and tf already scale it)
+                text.append(p)  # the linear text logit: its own pace and penalty
             elif name.startswith("category_logit."):
-                codes.append(p)  # the per-code logits: their own pace, no decay
+                codes.append(p)  # the per-code logits: their own pace and penalty
             elif p.ndim <= 1 or isinstance(self.model.get_submodule(name.rsplit(".", 1)[0]),
                                            torch.nn.Embedding | torch.nn.EmbeddingBag):
                 no_decay.append(p)  # biases, norms, embeddings and the ordinal thresholds
@@ -120,14 +121,20 @@ class FusionModule(pl.LightningModule):
         groups = [{"params": decay, "weight_decay": self.hparams.weight_decay},
                   {"params": no_decay, "weight_decay": 0.0}]
         if text:
-            groups.append({"params": text, "weight_decay": 0.0,
-                           "lr": self.hparams.lr * self.hparams.text_lr_multiplier})
+            # coupled L2 (the penalty's gradient 2 * text_l2 / rows * w enters Adam's moments), as the
+            # logistic regression's penalty; decoupled decay would shrink rare and frequent n-grams alike
+            groups.append({"params": text, "lr": self.hparams.lr * self.hparams.text_lr_multiplier,
+                           "weight_decay": 2 * self.hparams.text_l2 / max(1, self.hparams.train_rows),
+                           "decoupled_weight_decay": False})
         if codes:
-            groups.append({"params": codes, "weight_decay": 0.0,
-                           "lr": self.hparams.lr * self.hparams.category_lr_multiplier})
+            groups.append({"params": codes, "lr": self.hparams.lr * self.hparams.category_lr_multiplier,
+                           "weight_decay": 2 * self.hparams.category_l2 / max(1, self.hparams.train_rows),
+                           "decoupled_weight_decay": False})
         # an empty group (e.g. nothing decays in a text-only model) would be dropped by ZeRO, leaving the
         # scheduler one group longer than the optimizer
-        optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=self.hparams.lr)
+        # Adam with decoupled decay is AdamW; the text group overrides it with the coupled penalty
+        optimizer = torch.optim.Adam([g for g in groups if g["params"]], lr=self.hparams.lr,
+                                     decoupled_weight_decay=True)
         total = max(1, int(self.trainer.estimated_stepping_batches))
         warmup = max(1, int(total * self.hparams.warmup_fraction))
 

@@ -434,3 +434,30 @@ def test_a_model_of_the_earlier_format_still_loads_and_predicts(validated: Path,
     np.testing.assert_allclose(old, Predictor.load(model_dir).predict_proba(rows, data.dataset_root), rtol=1e-6)
     with pytest.raises(ValueError, match="format_version 9 is newer than this version reads"):
         upgrade_config({**v1, "format_version": 9})
+
+
+def test_the_text_penalty_shrinks_the_text_table_as_logistic_regression_does(validated: Path,
+                                                                             pre: Preprocessor) -> None:
+    """text_l2 is a coupled L2 penalty on the text table only (its gradient goes through Adam's moments),
+    scaled per training row as logistic regression's 1 / (2 C); the other groups keep their AdamW decay."""
+    import lightning.pytorch as pl
+
+    from fusion_model.data import FusionDataModule
+    from fusion_model.module import FusionModule
+
+    def trained(text_l2: float) -> tuple[float, list[dict]]:
+        torch.manual_seed(0)
+        module = FusionModule({**_kwargs(pre), "modalities": ["text", "tabular"]}, lr=5e-2, weight_decay=0.01,
+                              text_l2=text_l2, train_rows=48)
+        module.model.text.load_tables(**pre.text_tables)
+        trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=3, logger=False, enable_checkpointing=False,
+                             enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+        trainer.fit(module, datamodule=FusionDataModule(ValidatedData.read(validated), pre, batch_size=8))
+        return float(module.model.text.bag.weight.norm()), trainer.optimizers[0].param_groups
+
+    free, groups = trained(0.0)
+    penalised, groups_l2 = trained(20.0)
+    assert 0 < penalised < 0.5 * free
+    text_group = next(g for g in groups_l2 if any(p.shape[0] == pre.text_vocab_size for p in g["params"]))
+    assert text_group["decoupled_weight_decay"] is False and text_group["weight_decay"] == pytest.approx(2 * 20 / 48)
+    assert [g["decoupled_weight_decay"] for g in groups_l2 if g is not text_group] == [True, True, False]
