@@ -35,7 +35,10 @@ def shared_dir() -> Path:
 
 
 def datasets(shared: Path) -> dict[str, dict[str, Any]]:
-    """name -> {"dataset": params.yaml dataset section, "local": download.local keys}: what a user writes."""
+    """name -> {"dataset": params.yaml dataset section, "local": download.local keys, "train": train keys
+    beside params.yaml's}: what a user writes (README, "Real datasets")."""
+    # text-led tables: the text table learns at LR's pace under LR's penalty (README, "Real datasets")
+    text_led = {"text_lr_multiplier": 15, "text_l2": 1.0}
     reviews_inputs = {"text": ["Title", "Review Text"],
                       "categorical": ["Clothing ID", "Division Name", "Department Name", "Class Name"],
                       "numerical": ["Age", "Positive Feedback Count"]}
@@ -53,17 +56,20 @@ def datasets(shared: Path) -> dict[str, dict[str, Any]]:
                                     "categorical": ["gender", "masterCategory", "subCategory", "articleType",
                                                     "baseColour", "usage"],
                                     "numerical": ["year"]}},
-            "local": {"path": str(shared / "fashion/styles.csv"), "images_dir": str(shared / "fashion")}},
+            "local": {"path": str(shared / "fashion/styles.csv"), "images_dir": str(shared / "fashion")},
+            # strong codes and photos learned from scratch: each deep modality gets a head of its own
+            "train": {"category_lr_multiplier": 5, "aux_loss_weight": 0.5, "numeric_codes_max": 32,
+                      "text_lr_multiplier": 5, "text_l2": 1.0, "category_l2": 1.0}},
         "reviews-recommended": {
             "dataset": {"preset": None, "id": None,
                         "label": {"column": "Recommended IND", "problem_type": "binary"},
                         "columns": reviews_inputs, "frequency": ["Clothing ID"]},
-            "local": {"path": str(shared / "womens_clothing/reviews.csv")}},
+            "local": {"path": str(shared / "womens_clothing/reviews.csv")}, "train": text_led},
         "reviews-rating": {
             "dataset": {"preset": None, "id": None,
                         "label": {"column": "Rating", "problem_type": "ordinal"},
                         "columns": reviews_inputs, "frequency": ["Clothing ID"]},
-            "local": {"path": str(shared / "womens_clothing/reviews.csv")}},
+            "local": {"path": str(shared / "womens_clothing/reviews.csv")}, "train": {**text_led, "max_epochs": 4}},
     }
 
 
@@ -75,7 +81,7 @@ def overrides(work: Path, spec: dict[str, Any], train: dict[str, Any] | None = N
         "validate": {"dataset_dir": str(work / "raw/dataset"), "out_dir": str(work / "validated"),
                      "report_dir": str(work / "reports")},
         "train": {"data_dir": str(work / "validated"), "out_dir": str(work / "checkpoints"),
-                  "live_dir": str(work / "training"), **(train or {})},
+                  "live_dir": str(work / "training"), **spec.get("train", {}), **(train or {})},
         "convert": {"checkpoint_dir": str(work / "checkpoints"), "out_dir": str(work / "model")},
         "evaluate": {"model_dir": str(work / "model"), "data_dir": str(work / "validated"),
                      "out_dir": str(work / "eval")},
