@@ -3,7 +3,8 @@
 The stage reads its section of params.yaml; any scalar key of that section can be overridden on the
 command line (paths included), so dvc.yaml and people call the same function the Prefect flow calls.
 ``python -m tasks champion list`` and ``python -m tasks champion rollback [--to VERSION]`` show and
-restore the promoted models kept under `promote.champion_dir`'s folder.
+restore the promoted models kept under `promote.champion_dir`'s folder, waiting at most
+`promote.lock_timeout_s` for a promotion in progress.
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     champion = sub.add_parser("champion", help="list the promoted models, or roll the champion back")
     champion.add_argument("--params", default="params.yaml", type=Path, help="params file (default params.yaml)")
     champion.add_argument("--champion-dir", type=Path, default=None, help="default: params.yaml promote.champion_dir")
+    champion.add_argument("--lock-timeout-s", type=float, default=None, metavar="SECONDS",
+                          help="wait this long for a promotion in progress (default: params.yaml promote.lock_timeout_s)")
     action = champion.add_subparsers(dest="action", required=True, metavar="ACTION")
     listing = action.add_parser("list", help="every promotion: version, sha256, score, run, data, code")
     listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -90,10 +93,15 @@ def run_champion(args: argparse.Namespace) -> Any:
     # by name, as the stages are: no stage's command loads the registry
     promote = importlib.import_module("tasks.promote")
     registry = importlib.import_module("tasks.promote.registry")
-    champion_dir = args.champion_dir or load_params(args.params).promote.champion_dir
+    needs_params = args.champion_dir is None or args.lock_timeout_s is None
+    section = load_params(args.params).promote if needs_params else None
+    champion_dir = args.champion_dir if args.champion_dir is not None else section.champion_dir
+    timeout_s = args.lock_timeout_s if args.lock_timeout_s is not None else section.lock_timeout_s
     if args.action == "rollback":
-        return promote.rollback(champion_dir, args.to)
-    rows = registry.listing(champion_dir)
+        return promote.rollback(champion_dir, args.to, lock_timeout_s=timeout_s)
+    rows = promote.listing(champion_dir, lock_timeout_s=timeout_s)
+    if problem := registry.dangling_link_problem(champion_dir):
+        print(f"warning: {problem}", file=sys.stderr)
     if args.json:
         return rows
     print(registry.render_listing(rows), end="")
