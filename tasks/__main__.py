@@ -4,7 +4,8 @@ The stage reads its section of params.yaml; any scalar key of that section can b
 command line (paths included), so dvc.yaml and people call the same function the Prefect flow calls.
 ``python -m tasks champion list`` and ``python -m tasks champion rollback [--to VERSION]`` show and
 restore the promoted models kept under `promote.champion_dir`'s folder, waiting at most
-`promote.lock_timeout_s` for a promotion in progress.
+`promote.lock_timeout_s` for a promotion in progress. ``python -m tasks drift --reference TABLE --batch
+TABLE [--json]`` runs the drift gate on two CSV tables (exit 0 passed, 1 drifted, 2 bad input).
 """
 
 from __future__ import annotations
@@ -86,6 +87,16 @@ def build_parser() -> argparse.ArgumentParser:
     back = action.add_parser("rollback", help="make an earlier promotion the champion again")
     back.add_argument("--to", type=int, default=None, metavar="VERSION",
                       help="the version to restore (default: the one promoted before the current champion)")
+    # the drift gate's statistics load scipy: defined here, imported only when `drift` runs
+    drift = sub.add_parser("drift", help="the drift gate on two CSV tables: exit 0 passed, 1 drifted, 2 bad input")
+    drift.add_argument("--reference", type=Path, required=True, metavar="TABLE",
+                       help="CSV of the rows the model was trained on (the dataset's columns)")
+    drift.add_argument("--batch", type=Path, required=True, metavar="TABLE", help="CSV of the new rows")
+    drift.add_argument("--json", action="store_true", help="print the report as JSON")
+    drift.add_argument("--params", type=Path, default=Path("params.yaml"),
+                       help="params file: download.drift_gate and validate.label_kind (default params.yaml)")
+    drift.add_argument("--label-kind", choices=["binary", "multiclass"], default=None,
+                       help="the label's kind (default: params.yaml validate.label_kind)")
     return parser
 
 
@@ -128,6 +139,8 @@ def run_stage(stage: str, params: Params) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.stage == "drift":
+        return importlib.import_module("tasks.validate.drift_cli").main(args)
     if args.stage == "champion":
         try:
             result = run_champion(args)

@@ -35,6 +35,7 @@ from tasks.download.synthetic.generator import generate_batch
 from tasks.errors import StageError
 from tasks.params import DownloadParams
 from tasks.validate.drift import DriftReport, drift_gate, write_drift_report
+from tasks.validate.drift_petfinder import petfinder_columns
 from tasks.validate.report import failure_message, render_markdown, report_json
 from tasks.validate.stage import HOLDOUT_DIR, ValidationError, check_tables
 from tasks.validate.tables import read_raw, typed_table, validation_frame
@@ -111,14 +112,14 @@ def take_in(p: DownloadParams) -> dict[str, Any]:
 
     rows = typed_table(frames["batch"])
     reference = _typed(dataset, "train", "train.csv")
-    gate = drift_gate(reference, rows, p.drift_gate, p.synthetic.label_kind)
+    gate = drift_gate(reference, rows, petfinder_columns(p.synthetic.label_kind), p.drift_gate)
     gate.batch = batch
     write_drift_report(gate, report_dir)
     if not gate.passed:  # quarantined with its figures
         where = _quarantine(p, landed, {"drift.json": gate.model_dump_json(indent=2)})
         raise DriftGateError(f"batch {batch} stopped by the drift gate before training and quarantined in {where}: "
                              f"{gate.reason} Report: {report_dir / 'drift.md'}. The accumulated data and the champion "
-                             "are unchanged; fix the feed, or raise download.drift_gate thresholds if the change is real.")
+                             "are unchanged; fix the feed (the report names the columns that moved and by how much).")
     return _join(p, landed, batch, gate)
 
 
