@@ -408,13 +408,13 @@ def render_drift_png(report: DriftReport) -> bytes:
                 color=[_COLOURS[report.columns[n].status] for n in names])
         for i, n in enumerate(names):
             d = report.columns[n].decisive
-            cut = " (bar cut)" if heights[i] > PLOT_LOG_CAP else ""
-            ax.text(min(heights[i], PLOT_LOG_CAP) + 0.1, i, f"{d.test} p {d.p_adjusted:.2g}, {d.effect} "
-                    f"{d.effect_size:.3g}{cut}", va="center", fontsize=7)
+            cut = " (cut)" if heights[i] > PLOT_LOG_CAP else ""
+            ax.text(min(heights[i], PLOT_LOG_CAP) + 0.1, i, f"p {d.p_adjusted:.2g}{cut}, {d.effect} {d.effect_size:.3g}",
+                    va="center", fontsize=7)
         ax.axvline(-np.log10(t.alpha_fail), color=_COLOURS["fail"], ls="--", lw=1.2, label=f"fail: p <= {t.alpha_fail:g}")
         ax.axvline(-np.log10(t.alpha_warn), color="#555555", ls=":", lw=1.2, label=f"warn: p <= {t.alpha_warn:g}")
         ax.set_yticks(y, names, fontsize=8)
-        ax.set_xlim(0, max(3.0, min(max(heights), PLOT_LOG_CAP) * 1.5))  # room for the labels
+        ax.set_xlim(0, max(3.0, min(max(heights), PLOT_LOG_CAP)) * 1.8)  # room for the labels
         ax.set_xlabel("-log10 p after Holm (the decisive test of each column; a fail also needs its effect floor)")
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.6 / (1.6 + 0.32 * len(names))), ncols=2, fontsize=7)
     ax.set_title(f"Drift gate: {_title(report)} ({report.batch_rows} batch rows vs {report.reference_rows})")

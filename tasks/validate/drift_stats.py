@@ -4,8 +4,7 @@ the batch has, an effect size a person can read, and Holm's correction over ever
 
 Why tests with p-values, and not PSI against fixed thresholds: a batch of the reference's own population
 has a PSI, an unseen-code share and a label-rate difference that shrink only as its rows grow, so a fixed
-threshold fails healthy small batches (a third of 100-row batches of real dog rows failed PSI 0.25) and
-lets large ones drift unseen. A test's p-value already is "how often would a batch of this size, drawn
+threshold fails healthy small batches and judges large ones too leniently (BENCHMARKS.md). A test's p-value already is "how often would a batch of this size, drawn
 from the reference's population, look at least this different"; Holm's step-down correction over all
 the gate's tests makes the chance that a same-population batch fails ANY of them at most `alpha`, with no
 assumption about how the columns depend on each other. Permutation or bootstrap thresholds would give
