@@ -303,9 +303,18 @@ def tables(generated: dict, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     damaged = test.copy()
     damaged.iloc[[4, 9], damaged.columns.get_loc("Age")] = ["three", "7 months"]
     speeds = test.assign(**{LABEL: [str(i % 5) for i in range(len(test))]})
+    codes = test.copy()
+    codes.iloc[[2], codes.columns.get_loc("Breed1")] = ["307.5"]
+    words = test.copy()
+    words.iloc[[0, 1], words.columns.get_loc("Gender")] = ["male", "female"]
     out = {"reference": raw / "train.csv", "same": raw / "test.csv", "older": folder / "older.csv",
            "damaged": folder / "damaged.csv", "speeds": folder / "speeds.csv", "few": folder / "few.csv",
-           "empty": folder / "empty.csv", "other": folder / "other.csv"}
+           "empty": folder / "empty.csv", "other": folder / "other.csv", "codes": folder / "codes.csv",
+           "words": folder / "words.csv", "ages": folder / "ages.csv", "fees": folder / "fees.csv"}
+    codes.to_csv(out["codes"])
+    words.to_csv(out["words"])
+    test[["Age"]].to_csv(out["ages"])
+    test[["Fee"]].to_csv(out["fees"])
     older.to_csv(out["older"])
     damaged.to_csv(out["damaged"])
     speeds.to_csv(out["speeds"])
@@ -349,6 +358,11 @@ def test_cli_exit_1_for_a_drifted_batch_with_passed_first(tables: dict[str, Path
                                 r"binary\. Pass --label-kind multiclass"),
     ("reference", "other", (), r"other\.csv: none of the dataset's columns \(Age, .*\) is in its header "
                                r"\(sku, price\)"),
+    ("reference", "codes", (), r"codes\.csv: column 'Breed1' has 1 cell\(s\) that are not whole-number codes "
+                               r"\(row 3: '307\.5'\)"),
+    ("reference", "words", (), r"words\.csv: column 'Gender' has 2 cell\(s\) that are not codes like the others "
+                               r"\(row 1: 'male', row 2: 'female'\)"),
+    ("ages", "fees", (), r"ages\.csv and .*fees\.csv share none of the dataset's columns"),
     ("reference", "same", ("--params", "/nonexistent/params.yaml"), r"no such params file"),
 ])
 def test_cli_exit_2_for_bad_input_naming_the_file_and_the_fix(

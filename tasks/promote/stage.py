@@ -342,6 +342,8 @@ def rollback(champion_dir: Path, to: int | None = None, lock_timeout_s: float = 
 
 def listing(champion_dir: Path, lock_timeout_s: float = 600) -> list[dict[str, Any]]:
     """`registry.listing` read under the promotion lock, so it never shows a promotion half done."""
+    if not champion_dir.parent.is_dir():
+        return []  # nothing promoted yet: no folder to lock, and listing creates none
     lock = _promotion_lock(champion_dir, lock_timeout_s)
     try:
         with lock:
