@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fusion_model import schema
+from fusion_model.presets import petfinder as schema
 
 ROOT = Path(__file__).resolve().parents[1]
 DOGS = Path("petfinder") / "real" / "dogs_train.csv"

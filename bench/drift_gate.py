@@ -29,10 +29,11 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import drift_cases as cases  # noqa: E402
 
+from fusion_model.dataset import resolve_schema  # noqa: E402
 from tasks._io.files import write_json  # noqa: E402
 from tasks.params import load_params  # noqa: E402
 from tasks.validate.drift import drift_gate  # noqa: E402
-from tasks.validate.drift_petfinder import petfinder_columns  # noqa: E402
+from tasks.validate.drift_stats import DriftColumns  # noqa: E402
 
 SIZES = (100, 200, 400)
 SHIFTS = {  # name -> (the column that must be named, how the batch is made)
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     gate = load_params(args.params).download.drift_gate
-    columns = petfinder_columns("binary")
+    columns = DriftColumns.from_schema(resolve_schema({"preset": "petfinder"}))
     rows = cases.load_dogs(csv)
     null = {size: Counter() for size in SIZES}
     smallest: dict[int, list[float]] = {size: [] for size in SIZES}

@@ -1,21 +1,25 @@
-"""The stages on a local real dataset, fusion model vs the classical baseline, with each stage's wall time.
+"""The stages on local real datasets, the fusion model vs the classical baseline of the same evaluation.
 
-    python bench/real_data.py                      # ../shared/petfinder/real/dogs_train.csv, binary and 0-4
-    python bench/real_data.py --csv FILE_OR_FOLDER --label-kind binary --work /tmp/real
+    python bench/real_data.py                                  # every dataset of ../shared
+    python bench/real_data.py --dataset fashion-season         # one of DATASETS (repeatable)
+    python bench/real_data.py --csv FILE_OR_FOLDER --label-kind binary   # your own PetFinder file
 
-Runs download (source: local, damaged PetIDs dropped) -> validate -> train -> convert -> evaluate with
-params.yaml's defaults, every path inside --work, and prints the test metrics of the fusion model and of
-the baseline fitted in the same evaluation, the per-modality ablation and the stage times. Results also
-go to bench/results/real_data.json. Never copies the real file into the project.
+Runs download (source: local) -> validate -> train -> convert -> evaluate with params.yaml's defaults and
+only the `dataset:` section (and download.local's paths) changed, every path inside --work, and prints
+the test metrics of the fusion model and of the baseline fitted in the same evaluation, the per-modality
+ablation and the stage times; `--modalities` also trains each single-modality model of the same
+architecture. Results go to bench/results/real_data.json. Never copies the real files into the project.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -24,62 +28,141 @@ from tasks.__main__ import run_stage  # noqa: E402
 from tasks._io.files import write_json  # noqa: E402
 from tasks.params import load_params  # noqa: E402
 
-DEFAULT_CSV = ROOT.parent / "shared" / "petfinder" / "real" / "dogs_train.csv"
-STAGES = ("download", "validate", "train", "convert", "evaluate")
+
+def shared_dir() -> Path:
+    """Where the real datasets are: $SHARED_DATA, else ../shared beside the project."""
+    return Path(os.environ.get("SHARED_DATA", ROOT.parent / "shared"))
 
 
-def overrides(work: Path, csv: Path, label_kind: str) -> dict:
+def datasets(shared: Path) -> dict[str, dict[str, Any]]:
+    """name -> {"dataset": params.yaml dataset section, "local": download.local keys}: what a user writes."""
+    reviews_inputs = {"text": ["Title", "Review Text"],
+                      "categorical": ["Clothing ID", "Division Name", "Department Name", "Class Name"],
+                      "numerical": ["Age", "Positive Feedback Count"]}
     return {
-        "download": {"source": "local", "out_dir": str(work / "raw"), "report_dir": str(work / "reports"),
-                     "local": {"path": str(csv), "drop_bad_pet_ids": True, "label_kind": label_kind}},
-        "validate": {"dataset_dir": str(work / "raw/petfinder_for_tutorial"), "out_dir": str(work / "validated"),
-                     "report_dir": str(work / "reports"), "label_kind": label_kind},
-        "train": {"data_dir": str(work / "validated"), "out_dir": str(work / "checkpoints"),
-                  "live_dir": str(work / "training")},
-        "convert": {"checkpoint_dir": str(work / "checkpoints"), "out_dir": str(work / "model")},
-        "evaluate": {"model_dir": str(work / "model"), "data_dir": str(work / "validated"), "out_dir": str(work / "eval")},
+        "petfinder-binary": {
+            "dataset": {"preset": "petfinder", "label": {"problem_type": "binary"}},
+            "local": {"path": str(shared / "petfinder/real/dogs_train.csv"), "drop_bad_ids": True}},
+        "petfinder-ordinal": {
+            "dataset": {"preset": "petfinder", "label": {"problem_type": "ordinal"}},
+            "local": {"path": str(shared / "petfinder/real/dogs_train.csv"), "drop_bad_ids": True}},
+        "fashion-season": {
+            "dataset": {"preset": None, "id": "id",
+                        "label": {"column": "season", "problem_type": "multiclass"},
+                        "columns": {"image": ["image"], "text": ["productDisplayName"],
+                                    "categorical": ["gender", "masterCategory", "subCategory", "articleType",
+                                                    "baseColour", "usage"],
+                                    "numerical": ["year"]}},
+            "local": {"path": str(shared / "fashion/styles.csv"), "images_dir": str(shared / "fashion")}},
+        "reviews-recommended": {
+            "dataset": {"preset": None, "id": None,
+                        "label": {"column": "Recommended IND", "problem_type": "binary"},
+                        "columns": reviews_inputs, "frequency": ["Clothing ID"]},
+            "local": {"path": str(shared / "womens_clothing/reviews.csv")}},
+        "reviews-rating": {
+            "dataset": {"preset": None, "id": None,
+                        "label": {"column": "Rating", "problem_type": "ordinal"},
+                        "columns": reviews_inputs, "frequency": ["Clothing ID"]},
+            "local": {"path": str(shared / "womens_clothing/reviews.csv")}},
     }
 
 
-def run(csv: Path, work: Path, label_kind: str) -> dict:
-    params = load_params(ROOT / "params.yaml", overrides(work / label_kind, csv, label_kind))
-    seconds = {}
-    for stage in STAGES:
+def overrides(work: Path, spec: dict[str, Any], train: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "dataset": spec["dataset"],
+        "download": {"source": "local", "out_dir": str(work / "raw"), "report_dir": str(work / "reports"),
+                     "local": spec["local"]},
+        "validate": {"dataset_dir": str(work / "raw/dataset"), "out_dir": str(work / "validated"),
+                     "report_dir": str(work / "reports")},
+        "train": {"data_dir": str(work / "validated"), "out_dir": str(work / "checkpoints"),
+                  "live_dir": str(work / "training"), **(train or {})},
+        "convert": {"checkpoint_dir": str(work / "checkpoints"), "out_dir": str(work / "model")},
+        "evaluate": {"model_dir": str(work / "model"), "data_dir": str(work / "validated"),
+                     "out_dir": str(work / "eval")},
+    }
+
+
+def run(name: str, spec: dict[str, Any], work: Path, train: dict[str, Any] | None = None,
+        stages: tuple[str, ...] = ("download", "validate", "train", "convert", "evaluate")) -> dict[str, Any]:
+    params = load_params(ROOT / "params.yaml", overrides(work, spec, train))
+    seconds: dict[str, float | None] = {}
+    for stage in stages:
         started = time.perf_counter()
         result = run_stage(stage, params)
         seconds[stage] = round(time.perf_counter() - started, 1)
         if stage == "evaluate":
             seconds["baseline (inside evaluate)"] = result.baseline_seconds
-    metrics = json.loads((work / label_kind / "eval" / "metrics.json").read_text())
-    ablation = json.loads((work / label_kind / "eval" / "ablation.json").read_text())
-    name = metrics["primary_metric"]["name"]
+    metrics = json.loads((work / "eval/metrics.json").read_text())
+    ablation = json.loads((work / "eval/ablation.json").read_text())
     return {
-        "label_kind": label_kind, "rows": json.loads((work / label_kind / "validated/meta.json").read_text())["rows"],
-        "metric": name, "fusion": metrics["primary_metric"]["value"],
-        "baseline": metrics["baseline"]["primary_metric"]["value"], "delta": metrics["vs_baseline"]["delta"],
+        "dataset": name, "problem_type": metrics["problem_type"],
+        "rows": json.loads((work / "validated/meta.json").read_text())["rows"],
+        "metric": metrics["primary_metric"]["name"], "fusion": metrics["primary_metric"]["value"],
+        "baseline": metrics["baseline"]["primary_metric"]["value"], "improvement": metrics["vs_baseline"]["improvement"],
         "fusion_metrics": metrics["metrics"], "baseline_metrics": metrics["baseline"]["metrics"],
         "ablation": {m: {"score": e["score"], "drop": e["drop"]} for m, e in ablation["modalities"].items()},
         "seconds": seconds,
     }
 
 
+def single_modalities(spec: dict[str, Any], work: Path, result: dict[str, Any]) -> dict[str, float]:
+    """The best validation score of each single-modality model of the same architecture and settings,
+    beside the fusion model's (the train stage with `modalities` set; the same validated rows)."""
+    from tasks.train import train
+
+    params = load_params(ROOT / "params.yaml", overrides(work, spec))
+    scores = {}
+    summary = json.loads((work / "checkpoints/train_summary.json").read_text())
+    scores["fusion"] = summary["best_score"]
+    for modality in result["ablation"]:
+        out = work / f"single-{modality}"
+        got = train(params.train.model_copy(update={"modalities": [modality], "out_dir": out / "checkpoints",
+                                                     "live_dir": out / "training"}))
+        scores[modality] = got.best_score
+    return scores
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--csv", type=Path, default=DEFAULT_CSV, help="a real PetFinder CSV or folder")
+    parser.add_argument("--dataset", action="append", default=[], help="a name of DATASETS (default: all)")
+    parser.add_argument("--csv", type=Path, help="your own PetFinder CSV or folder (with --label-kind)")
+    parser.add_argument("--label-kind", choices=["binary", "multiclass", "ordinal", "both"], default="both",
+                        help="with --csv: binary AUC, 0-4 QWK (multiclass is read as ordinal), or both")
     parser.add_argument("--work", type=Path, default=Path("/tmp/real_data_bench"))
-    parser.add_argument("--label-kind", choices=["binary", "multiclass", "both"], default="both")
+    parser.add_argument("--modalities", action="store_true", help="also train each single-modality model")
     args = parser.parse_args()
-    if not args.csv.exists():
-        print(f"{args.csv}: not found; pass --csv with a real PetFinder file", file=sys.stderr)
-        return 2
-    kinds = ["binary", "multiclass"] if args.label_kind == "both" else [args.label_kind]
-    results = [run(args.csv, args.work, kind) for kind in kinds]
-    for r in results:
-        print(f"\n{r['label_kind']}: test {r['metric']} fusion {r['fusion']:.4f} vs baseline {r['baseline']:.4f} "
-              f"({r['delta']:+.4f}); rows {r['rows']}")
+    specs = datasets(shared_dir())
+    if args.csv is not None:
+        if not args.csv.exists():
+            print(f"{args.csv}: not found; pass --csv with a real PetFinder file", file=sys.stderr)
+            return 2
+        kinds = ["binary", "ordinal"] if args.label_kind == "both" else [
+            "ordinal" if args.label_kind == "multiclass" else args.label_kind]
+        chosen = {f"petfinder-{k}": {"dataset": {"preset": "petfinder", "label": {"problem_type": k}},
+                                     "local": {"path": str(args.csv), "drop_bad_ids": True}} for k in kinds}
+    else:
+        names = args.dataset or list(specs)
+        unknown = [n for n in names if n not in specs]
+        if unknown:
+            print(f"unknown dataset(s) {unknown}; choose from {list(specs)}", file=sys.stderr)
+            return 2
+        chosen = {n: specs[n] for n in names if Path(specs[n]["local"]["path"]).exists()}
+        for n in set(names) - set(chosen):
+            print(f"{n}: {specs[n]['local']['path']} not found; skipped", file=sys.stderr)
+    results = []
+    for name, spec in chosen.items():
+        r = run(name, spec, args.work / name)
+        if args.modalities:
+            r["single_modality_val"] = single_modalities(spec, args.work / name, r)
+        results.append(r)
+        print(f"\n{name} ({r['problem_type']}): test {r['metric']} fusion {r['fusion']:.4f} vs baseline "
+              f"{r['baseline']:.4f} (improvement {r['improvement']:+.4f}); rows {r['rows']}", flush=True)
         print("  ablation (masked -> score, drop): " + ", ".join(
             f"{m} {e['score']:.4f} ({e['drop']:+.4f})" for m, e in r["ablation"].items()))
-        print("  seconds: " + ", ".join(f"{k} {v}" for k, v in r["seconds"].items()))
+        print("  seconds: " + ", ".join(f"{k} {v}" for k, v in r["seconds"].items()), flush=True)
+        if "single_modality_val" in r:
+            print("  best validation score per model: " + ", ".join(
+                f"{m} {v:.4f}" for m, v in r["single_modality_val"].items()), flush=True)
     out = ROOT / "bench" / "results" / "real_data.json"
     write_json(out, results)
     print(f"\nresults: {out}")

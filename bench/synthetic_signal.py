@@ -19,7 +19,9 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
-from fusion_model import schema
+from fusion_model.dataset import split_images
+from fusion_model.presets import petfinder as pf
+from tasks.download.manifest import DATASET_DIRNAME
 from tasks.download.synthetic import generate
 from tasks.download.synthetic.signal_check import modality_aucs
 from tasks.params import SyntheticParams
@@ -35,10 +37,10 @@ def cnn_image_auc(dataset: Path, epochs: int = 8, seed: int = 0) -> float:
 
     def load(split: str) -> tuple[torch.Tensor, torch.Tensor]:
         df = pd.read_csv(dataset / f"{split}.csv", index_col=0, keep_default_na=False)
-        px = np.stack([np.asarray(Image.open(dataset / schema.split_images(c)[0]).convert("RGB"))
-                       for c in df[schema.IMAGES]])
+        px = np.stack([np.asarray(Image.open(dataset / split_images(c)[0]).convert("RGB"))
+                       for c in df[pf.IMAGES]])
         x = torch.from_numpy(px).permute(0, 3, 1, 2).float() / 255.0
-        return x, torch.from_numpy(df[schema.LABEL].to_numpy().copy()).float()
+        return x, torch.from_numpy(df[pf.LABEL].to_numpy().copy()).float()
 
     x_train, y_train = load("train")
     x_test, y_test = load("test")
@@ -79,7 +81,7 @@ def main() -> None:
             rows = args.n_train + args.n_test
             print(f"seed {seed}: generated {rows} rows, {info['images']} images at {args.image_size} px in "
                   f"{seconds:.1f} s ({rows / seconds:.0f} rows/s)")
-            dataset = Path(tmp) / schema.DATASET_DIRNAME
+            dataset = Path(tmp) / DATASET_DIRNAME
             aucs = modality_aucs(dataset)
             print("  linear baselines, test AUC: " + ", ".join(f"{k} {v:.3f}" for k, v in aucs.items()))
             if args.cnn:

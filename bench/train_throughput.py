@@ -41,11 +41,11 @@ def plain_loop(cfg: TrainConfig, steps: int, warmup: int) -> float:
     torch.set_num_threads(cfg.threads_per_rank)
     torch.manual_seed(cfg.seed)
     data = ValidatedData.read(cfg.data_dir)
-    pre = Preprocessor.fit(data.train, text_buckets=cfg.text_buckets, image_size=cfg.image_size,
+    pre = Preprocessor.fit(data.train, data.schema, text_buckets=cfg.text_buckets, image_size=cfg.image_size,
                            image_index=cfg.image_index)
-    model = FusionModule(model_kwargs(cfg, pre, len(data.classes), list(cfg.modalities)), label_kind=data.label_kind, lr=cfg.lr,
-                         weight_decay=cfg.weight_decay).model.train()
-    loader = DataLoader(FusionDataset(data.train, pre, data.dataset_root, train=True),
+    kwargs = model_kwargs(cfg, pre, len(data.classes), list(cfg.modalities), data.problem_type)
+    model = FusionModule(kwargs, lr=cfg.lr, weight_decay=cfg.weight_decay).model.train()
+    loader = DataLoader(FusionDataset(data.train, pre, data.dataset_root, train=True, labels=data.labels(data.train)),
                         batch_size=cfg.batch_size, shuffle=True, drop_last=True)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     autocast = cfg.precision == "bf16-mixed"
@@ -55,7 +55,7 @@ def plain_loop(cfg: TrainConfig, steps: int, warmup: int) -> float:
             if done == warmup:
                 started = time.perf_counter()
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-                loss = torch.nn.functional.cross_entropy(model(batch).float(), batch["label"])
+                loss = model.loss(model(batch), batch["label"])
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

@@ -27,11 +27,23 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fusion_model import checks  # noqa: E402
+from fusion_model.dataset import resolve_schema  # noqa: E402
+from tasks.download.manifest import DATASET_DIRNAME  # noqa: E402
 from tasks.download.synthetic import generate  # noqa: E402
 from tasks.download.synthetic.images import draw_images, encode_jpeg  # noqa: E402
 from tasks.params import SyntheticParams  # noqa: E402
 from tasks.validate.stage import _run_suite  # noqa: E402
-from tasks.validate.tables import read_raw, stratified_split, typed_table, validation_frame  # noqa: E402
+from tasks.validate.tables import (  # noqa: E402
+    label_rule,
+    mark_seen,
+    read_raw,
+    stratified_split,
+    training_codes,
+    typed_table,
+    validation_frame,
+)
+
+SCHEMA = resolve_schema({"preset": "petfinder"})
 
 
 def _timed(label: str, fn, results: dict[str, float]):  # type: ignore[no-untyped-def]
@@ -42,9 +54,9 @@ def _timed(label: str, fn, results: dict[str, float]):  # type: ignore[no-untype
 
 
 def big_dataset(work: Path, rows: int) -> Path:
-    """work/petfinder_for_tutorial with a `rows`-row train.csv whose Images point at real small files."""
+    """work/dataset with a `rows`-row train.csv whose Images point at real small files."""
     generate(work, SyntheticParams(n_train=2000, n_test=200, image_size=16, seed=1))
-    dataset = work / "petfinder_for_tutorial"
+    dataset = work / DATASET_DIRNAME
     base = pd.read_csv(dataset / "train.csv", index_col=0, dtype=str, keep_default_na=False)
     rng = np.random.default_rng(0)
     big = base.iloc[rng.integers(0, len(base), rows)].reset_index(drop=True)
@@ -55,18 +67,26 @@ def big_dataset(work: Path, rows: int) -> Path:
 
 def bench_tabular(dataset: Path, out: Path) -> dict[str, float]:
     t: dict[str, float] = {}
-    train = _timed("read_csv", lambda: read_raw("train", dataset / "train.csv"), t)
-    test = read_raw("test", dataset / "test.csv")
-    frame = _timed("frame", lambda: validation_frame(train, dataset, 1, image_checks=False), t)
-    test_frame = validation_frame(test, dataset, 1, image_checks=False)
+    train = _timed("read_csv", lambda: read_raw("train", dataset / "train.csv", SCHEMA), t)
+    test = read_raw("test", dataset / "test.csv", SCHEMA)
+    rule = label_rule(train, SCHEMA)
+
+    def frames() -> object:
+        made = validation_frame(train, SCHEMA, rule, dataset, 1, image_checks=False)
+        mark_seen(made, training_codes(made, SCHEMA))
+        return made
+
+    frame = _timed("frame", frames, t)
+    test_frame = validation_frame(test, SCHEMA, rule, dataset, 1, image_checks=False)
+    mark_seen(test_frame, training_codes(frame, SCHEMA))
     for f in (frame, test_frame):  # file checks are timed separately: stand in "all good" for GX
         for col in checks.IMAGE_CHECK_COLUMNS:
             f[col] = pd.array([True] * len(f), dtype="boolean")
-    _run_suite({"train": test_frame.head(50)}, [0, 1])  # warm GX's lazy imports and registries
-    _timed("gx_suite", lambda: _run_suite({"train": frame}, [0, 1]), t)
+    _run_suite({"train": test_frame.head(50)}, [0, 1], SCHEMA, 0.5)  # warm GX's lazy imports and registries
+    _timed("gx_suite", lambda: _run_suite({"train": frame}, [0, 1], SCHEMA, 0.5), t)
 
     def write() -> None:
-        train_t, val_t = stratified_split(typed_table(frame), 0.2, 42)
+        train_t, val_t = stratified_split(typed_table(frame, SCHEMA, rule), SCHEMA.label.column, 0.2, 42)
         train_t.to_parquet(out / "train.parquet", index=False)
         val_t.to_parquet(out / "val.parquet", index=False)
 

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ValidationError
 
 from flows.artifacts import conversion_markdown, run_manifest_markdown, training_markdown
 from flows.overrides import ParamOverrides, overrides_dict, parse_set, resolve_params
+from fusion_model.dataset import DatasetSchema
 from tasks._io.files import read_json_if_present
 from tasks._io.processes import start_reaper
 from tasks.errors import StageError, TransientError
@@ -70,11 +71,11 @@ def _transient(task: Any, task_run: Any, state: Any) -> bool:
 
 @task(name="download", retries=len(DOWNLOAD_RETRY_DELAYS_S), retry_delay_seconds=DOWNLOAD_RETRY_DELAYS_S,
       retry_condition_fn=_transient, cache_policy=NO_CACHE)
-def download_task(params: DownloadParams) -> Any:
+def download_task(params: DownloadParams, dataset: DatasetSchema) -> Any:
     from tasks.download import download
 
     try:
-        result = download(params)
+        result = download(params, dataset)
     except StageError:
         _drift_artifact(params)  # a stopped batch: its figures in the UI, then the flow stops
         raise
@@ -95,11 +96,11 @@ def _drift_artifact(params: DownloadParams) -> None:
 
 
 @task(name="validate", retries=0, cache_policy=NO_CACHE)
-def validate_task(params: ValidateParams) -> Any:
+def validate_task(params: ValidateParams, dataset: DatasetSchema) -> Any:
     from tasks.validate import validate
 
     try:
-        result = validate(params)
+        result = validate(params, dataset)
     except StageError:
         # the report says which rows and columns failed: show it in the UI too, then stop the flow
         create_markdown_artifact(
@@ -245,7 +246,7 @@ def retrain(
     version_outputs: bool = True,
     next_batch: bool = False,
 ) -> RetrainResult:
-    """Retrain, version and (if better) promote the PetFinder fusion model.
+    """Retrain, version and (if better) promote the fusion model of the table params.yaml `dataset:` declares.
 
     Args:
         params_path: params.yaml to read, relative to the project root (the working directory).
@@ -284,10 +285,16 @@ def retrain(
 
 
 def _pipeline(params: Params, run_id: str, promote_model: bool, version_outputs: bool, changes: dict) -> RetrainResult:
-    download_task(params.download)
-    validate_task(params.validate_)
-    trained = train_task(params.train)
-    convert_task(params.convert)
+    download_task(params.download, params.schema)
+    validate_task(params.validate_, params.schema)
+    if params.train.multi_host:  # a node job per host (flows/train_nodes.py); the one conversion gathers them
+        from flows.train_nodes import convert_across_hosts, train_across_hosts
+
+        trained = train_across_hosts(params, run_id)
+        convert_across_hosts(params.convert, params.train, run_id, params.version.remote)
+    else:
+        trained = train_task(params.train)
+        convert_task(params.convert)
     evaluate_task(params.evaluate)
     metrics = read_json_if_present(params.evaluate.out_dir / "metrics.json") or {}
     manifest = None
@@ -358,8 +365,8 @@ def _print_outcome(result: RetrainResult) -> None:
 
     eval_dir = result.eval_dir
     print(render_markdown(result.metrics, read_json_if_present(eval_dir / "ablation.json")) if result.metrics else "")
-    print(f"plots: {eval_dir / 'roc.png'}, {eval_dir / 'confusion_matrix.png'}, training curves "
-          f"{result.curves} (offline PNGs)")
+    pngs = ", ".join(str(p) for p in sorted((eval_dir / "plots").glob("*.png")))
+    print(f"plots: {pngs}, training curves {result.curves} (offline PNGs)")
     if result.run_manifest:
         print(f"run manifest: {result.run_manifest}")
     if result.promoted is not None:

@@ -30,7 +30,9 @@ class ProgressPrinter(pl.Callback):
             loss_text = f" loss {float(loss):.4f}" if loss is not None else ""
             self._print(trainer, f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs} step {step}{loss_text}")
 
-    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # after the epoch's metrics are in callback_metrics (the module logs them in its own epoch-end hook,
+        # which Lightning calls after the callbacks' on_validation_epoch_end)
         if trainer.sanity_checking:
             return
         metrics = {k: round(float(v), 5) for k, v in trainer.callback_metrics.items()
@@ -73,3 +75,24 @@ class Throughput(pl.Callback):
 
     def steps_per_s(self) -> float | None:
         return self.steps / self.seconds if self.steps and self.seconds > 0 else None
+
+
+class SameFolderOnEveryHost(pl.Callback):
+    """Across machines, Lightning has every rank save into the folder global rank 0 names (it broadcasts the
+    path), each host on its own disk: the folder must be at the same path on every host. Checked once, before
+    anything is saved, so a mismatch is named rather than surfacing as a write error on another host."""
+
+    def __init__(self, folder: Any) -> None:
+        from pathlib import Path
+
+        self.folder = str(Path(folder).resolve())
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        first = trainer.strategy.broadcast(self.folder)
+        if trainer.strategy.reduce_boolean_decision(first == self.folder, all=True):
+            return
+        here = "" if first == self.folder else f", global rank {trainer.global_rank} would write {self.folder}"
+        raise RuntimeError(
+            f"the training folder must be at the same path on every host: global rank 0 writes {first}{here}. "
+            "Give every machine's worker the same RETRAIN_HOME (README, \"Training across machines\")."
+        )

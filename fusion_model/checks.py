@@ -19,17 +19,7 @@ from pathlib import Path
 import pandas as pd
 from PIL import Image
 
-from fusion_model.schema import (
-    CATEGORICAL_COLUMNS,
-    CODE_RANGES,
-    FEATURE_COLUMNS,
-    IMAGES,
-    NUMERIC_BOUNDS,
-    TEXT_COLUMNS,
-    breeds,
-    split_images,
-    states,
-)
+from fusion_model.dataset import CodeRange, DatasetSchema, canonical, split_images
 
 # Derived per-row columns (the names the validation suite expects to be true).
 PATHS_SAFE = "image_paths_safe"
@@ -37,43 +27,55 @@ IMAGES_EXIST = "images_exist"
 IMAGES_DECODE = "images_decode"
 IMAGE_ISSUE = "image_issue"  # the first bad file of the row and why ("" when none)
 IMAGE_CHECK_COLUMNS: tuple[str, ...] = (PATHS_SAFE, IMAGES_EXIST, IMAGES_DECODE)
-BREED_MATCHES_TYPE = "breed1_matches_type"
-
-# Feature columns that must hold a value (text may be empty: real rows have empty names; Images may be
-# empty: real rows without a photo, whose image input the model masks).
-NON_NULL_FEATURES: tuple[str, ...] = tuple(c for c in FEATURE_COLUMNS if c not in (*TEXT_COLUMNS, IMAGES))
-
-
-def allowed_codes(column: str) -> list[int]:
-    """The valid integer codes of a categorical column (State: the 15 state ids of the code table)."""
-    if column == "State":
-        return sorted(states())
-    r = CODE_RANGES[column]
-    return list(range(r.low, r.high + 1))
-
-
-def code_meaning(column: str) -> str:
-    if column == "State":
-        return "a Malaysian state id from state_labels.csv (41324-41415)"
-    r = CODE_RANGES[column]
-    return f"{r.low}-{r.high}: {r.meaning}"
+IMAGE_CELLS = "image_cells"  # every photo of a row, all image columns joined (';'-separated)
 
 
 def to_numbers(values: pd.Series) -> pd.Series:
-    """Numbers as float64; empty cells and anything that is not a number become NaN (then fail not-null)."""
+    """Numbers as float64; empty cells and anything that is not a number become NaN."""
     if pd.api.types.is_bool_dtype(values):
         return pd.Series(float("nan"), index=values.index)
     return pd.to_numeric(values, errors="coerce").astype("float64")
 
 
-def breed_matches_type(animal_type: pd.Series, breed1: pd.Series) -> pd.Series:
-    """Per row: is Breed1 a breed of the row's Type (breed_labels.csv)? 0 (unknown) and 307 (mixed) fit
-    both. <NA> where either code is missing or unknown (other checks report those)."""
-    of_type = {b: t for b, (t, _name) in breeds().items()}
-    breed_type = breed1.map(of_type)
-    fits = (breed_type == animal_type) | breed1.isin([0, 307])
-    known = animal_type.isin([1, 2]) & (breed1.isin([0]) | breed_type.notna())
-    return fits.astype("boolean").where(known, pd.NA)
+def is_empty(values: pd.Series) -> pd.Series:
+    return values.isna() | (values.astype("str").str.strip() == "")
+
+
+def not_a_number(values: pd.Series) -> pd.Series:
+    """Per row: a cell that holds something that is not a number (an empty cell is not this problem)."""
+    return to_numbers(values).isna() & ~is_empty(values)
+
+
+def image_cells(df: pd.DataFrame, image_columns: Iterable[str]) -> pd.Series:
+    """Every photo a row names, over all image columns, as one ';'-separated cell ("" for none)."""
+    columns = [c for c in image_columns if c in df.columns]
+    if not columns:
+        return pd.Series("", index=df.index, dtype="str")
+    paths = [df[c].map(split_images) for c in columns]
+    joined = paths[0]
+    for more in paths[1:]:
+        joined = joined + more
+    return joined.map(";".join).astype("str")
+
+
+def code_meaning(schema: DatasetSchema, column: str) -> str:
+    codes = schema.checks.codes[column]
+    if isinstance(codes, CodeRange):
+        return f"{codes.min:g}-{codes.max:g}" + (f": {codes.meaning}" if codes.meaning else "")
+    shown = ", ".join(map(str, codes[:12])) + (", ..." if len(codes) > 12 else "")
+    return f"one of {shown}"
+
+
+def code_allowed(schema: DatasetSchema, column: str, values: pd.Series) -> pd.Series:
+    """Per row: is the cell a code `checks.codes` allows (<NA> for an empty cell)."""
+    codes = schema.checks.codes[column]
+    empty = is_empty(values)
+    if isinstance(codes, CodeRange):
+        num = to_numbers(values)
+        ok = (num == num.round()) & (num >= codes.min) & (num <= codes.max)
+    else:
+        ok = values.map(canonical).isin({canonical(c) for c in codes})
+    return ok.astype("boolean").where(~empty, pd.NA)
 
 
 # --------------------------------------------------------------------------------------------- images
@@ -83,7 +85,7 @@ def _syntax_problem(relative: str) -> str | None:
     if "\x00" in relative:
         return "path contains a NUL byte"
     if relative.startswith(("/", "\\", "~")) or (len(relative) > 1 and relative[1] == ":"):  # C:/x.jpg
-        return "absolute path (must be relative to the dataset folder, like images/<PetID>-1.jpg)"
+        return "absolute path (must be relative to the dataset folder, like images/photo-1.jpg)"
     if "\\" in relative:
         return "backslash in path (use '/' separators)"
     if ".." in relative.split("/"):
@@ -228,66 +230,72 @@ def check_images(images: pd.Series, root: Path, workers: int = 1, decode: bool =
 
 
 # ------------------------------------------------------------------------------------------- tabular
-def tabular_problems(df: pd.DataFrame) -> pd.DataFrame:
-    """Per row and feature column, the reason a value is bad ("" when good): nulls, codes, bounds.
+def tabular_problems(df: pd.DataFrame, schema: DatasetSchema) -> pd.DataFrame:
+    """Per row and feature column, the reason a value is bad ("" when good): an empty required cell, text in
+    a numerical column, a code `checks.codes` does not allow, a number outside `checks.bounds`.
 
-    Missing columns are not reported here (see `missing_columns`).
-    """
+    Missing columns are not reported here (see `missing_columns`)."""
     reasons = pd.DataFrame(index=df.index)
-    for col in (c for c in NON_NULL_FEATURES if c in df.columns):
+    required = set(schema.checks.required) | ({schema.id} if schema.id else set())
+    for col in (c for c in schema.feature_columns if c in df.columns):
         raw = df[col]
         why = pd.Series("", index=df.index, dtype="str")
-        num = to_numbers(raw)  # every non-null feature is a code or an amount
-        empty = raw.isna() | (raw.astype("str").str.strip() == "")
-        why[empty] = "empty"
-        why[num.isna() & ~empty] = "not a number"
-        if col in CATEGORICAL_COLUMNS:
-            bad = num.notna() & ~num.isin(allowed_codes(col))
-            why[bad] = f"not a valid code ({code_meaning(col)})"
-        else:
-            low, high = NUMERIC_BOUNDS[col]
-            bad = num.notna() & ((num < low) | (num > high))
-            why[bad] = f"outside the plausible range {low:g}-{high:g}"
-        reasons[col] = why
+        empty = is_empty(raw)
+        if col in required:
+            why[empty] = "empty"
+        if col in schema.columns.numerical:
+            why[not_a_number(raw)] = "not a number"
+            if col in schema.checks.bounds:
+                low, high = schema.checks.bounds[col]
+                num = to_numbers(raw)
+                why[num.notna() & ((num < low) | (num > high))] = f"outside the plausible range {low:g}-{high:g}"
+        if col in schema.checks.codes:
+            bad = code_allowed(schema, col, raw) == False  # noqa: E712 -- <NA> (empty) is not bad here
+            why[bad.fillna(False).astype(bool)] = f"not a valid code ({code_meaning(schema, col)})"
+        if (why != "").any():
+            reasons[col] = why
     return reasons
 
 
-def missing_columns(df: pd.DataFrame, required: Iterable[str] = FEATURE_COLUMNS) -> list[str]:
+def missing_columns(df: pd.DataFrame, required: Iterable[str]) -> list[str]:
     return [c for c in required if c not in df.columns]
 
 
-def check_prediction_rows(df: pd.DataFrame, images_root: str | os.PathLike[str], workers: int = 1) -> None:
+def check_prediction_rows(df: pd.DataFrame, images_root: str | os.PathLike[str], schema: DatasetSchema,
+                          workers: int = 1) -> None:
     """Refuse rows a trained model cannot score: raise ValueError naming row, column or file, and the fix.
 
-    `df` holds new rows without the label (a label column is ignored); `images_root` is the folder the
-    `Images` paths are relative to. The validation suite's per-row rules (required values, code sets,
+    `df` holds new rows without the label (a label column is ignored); `images_root` is the folder the image
+    paths are relative to. The validation suite's per-row rules (required values, numbers, code sets,
     plausible amounts, safe existing decodable images), minus the dataset-level ones (uniqueness, class
-    presence, the Breed/Type tolerance).
+    presence, a preset's tolerant row rules).
     """
-    missing = missing_columns(df)
+    needed = [c for c in schema.required_features if c != schema.id]
+    missing = missing_columns(df, needed)
     if missing:
         raise ValueError(
-            f"prediction rows lack required column(s) {missing}; add them (see fusion_model.schema."
-            f"FEATURE_COLUMNS: the PetFinder columns, with Images as ';'-separated relative paths)"
+            f"prediction rows lack required column(s) {missing}; add them (the model was trained on the columns "
+            f"{needed}, image cells as ';'-separated relative paths)"
         )
     if df.empty:
         raise ValueError("no rows to predict: pass a DataFrame with at least one row")
     problems: list[str] = []
-    reasons = tabular_problems(df)
+    reasons = tabular_problems(df, schema)
     for col in reasons.columns:
         for idx, why in reasons[col][reasons[col] != ""].items():
             value = df.at[idx, col]
             value = value.item() if hasattr(value, "item") else value  # numpy scalar -> plain repr
             problems.append(f"row {idx!r}, column '{col}': value {value!r} is {why}")
-    img = check_images(df[IMAGES], Path(images_root), workers=workers)
-    bad_img = ~img[list(IMAGE_CHECK_COLUMNS)].fillna(True).all(axis=1)
-    for idx, text in img.loc[bad_img, IMAGE_ISSUE].items():
-        problems.append(f"row {idx!r}, file {text}")
+    if schema.columns.image:
+        img = check_images(image_cells(df, schema.columns.image), Path(images_root), workers=workers)
+        bad_img = ~img[list(IMAGE_CHECK_COLUMNS)].fillna(True).all(axis=1)
+        for idx, text in img.loc[bad_img, IMAGE_ISSUE].items():
+            problems.append(f"row {idx!r}, file {text}")
     if problems:
         shown = "\n  ".join(problems[:20])
         more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
         raise ValueError(
             f"{len(problems)} problem(s) in the prediction rows (images relative to {images_root}):\n  {shown}{more}\n"
-            "Fix: correct or drop these rows; codes follow fusion_model.schema.CODE_RANGES, numbers "
-            "NUMERIC_BOUNDS, and every image must be a readable file inside the images folder."
+            "Fix: correct or drop these rows; codes and bounds follow the dataset's checks (model_config.json "
+            "`dataset`), and every image must be a readable file inside the images folder."
         )

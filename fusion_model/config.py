@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 # `devices: auto` without a GPU: two processes, so the default run is a real multi-process one.
 CPU_PROCESSES_AUTO = 2
@@ -16,6 +16,21 @@ def processes_per_node(devices: int | str, cuda_devices: int) -> int:
     if devices != "auto":
         return int(devices)
     return cuda_devices if cuda_devices else CPU_PROCESSES_AUTO
+
+
+class HostConfig(BaseModel):
+    """One machine of a training run across machines (README, "Training across machines")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    # the host's own address on the training network: torchrun's --local-addr, what its ranks listen on
+    # (host 0's is the c10d rendezvous endpoint)
+    address: str = Field(min_length=1)
+    # the interface holding `address`: GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME of the host's ranks
+    interface: str = Field(min_length=1)
+    # the Prefect work queue a worker on this host polls: the host's node job is sent there
+    work_queue: str = Field(min_length=1)
 
 
 class TrainConfig(BaseModel):
@@ -43,7 +58,12 @@ class TrainConfig(BaseModel):
     # logit per code beside the deep path
     cat_dim: int = Field(4, ge=1)
     numeric_bins: int = Field(16, ge=1)
+    # a numerical column with at most this many distinct training values also enters as a code (0: never)
+    numeric_codes_max: int = Field(0, ge=0)
     category_logits: bool = True
+    category_lr_multiplier: float = Field(1.0, gt=0)  # the per-code logits' learning rate, times lr
+    # weight of the auxiliary loss of each deep modality's own head (0: none)
+    aux_loss_weight: float = Field(0.0, ge=0.0)
     adapter_dim: int = Field(64, ge=1)
     hidden_sizes: list[int] = [128]
     activation: Literal["relu", "gelu", "leaky_relu", "tanh"] = "gelu"
@@ -51,6 +71,11 @@ class TrainConfig(BaseModel):
     layer_norm: bool = True
     # inputs the model sees; a subset trains a single-modality baseline of the same architecture
     modalities: list[Literal["image", "tabular", "text"]] = ["image", "tabular", "text"]
+    # the loss and the decision rule
+    class_weight: Literal["none", "balanced"] = "none"  # balanced: rare classes weigh more in the loss
+    # fit the decision rule on the validation rows each epoch: ordinal cut points (quadratic weighted kappa),
+    # multiclass class biases (macro F1); false: the expected class rounded / the argmax
+    fit_decision: bool = True
     # optimisation
     max_epochs: int = Field(8, ge=1)
     # stop when the validation metric has not improved for this many epochs (None: train max_epochs);
@@ -76,7 +101,43 @@ class TrainConfig(BaseModel):
     node_rank: int = Field(0, ge=0)
     master_addr: str = "127.0.0.1"
     master_port: int | None = Field(None, ge=1, le=65535)
+    # several machines, each started by the retrain flow (one node job per host, torchrun's c10d rendezvous
+    # at host 0's address): empty or one entry trains on this machine alone, as without the list
+    hosts: list[HostConfig] = []
+    rendezvous_port: int = Field(29400, ge=1, le=65535)  # on host 0
+    join_timeout_s: float = Field(300, gt=0)  # every host must have joined by then, or the run fails
     # run control
     resume: bool = False  # continue from out_dir/last.ckpt (a file, or a ZeRO folder)
     max_steps: int = Field(-1, ge=-1)  # -1: as many as max_epochs gives; a cap for quick runs
     save_gathered_weights: Path | None = None  # after fit: the final fp32 weights as safetensors
+
+    @property
+    def multi_host(self) -> bool:
+        return len(self.hosts) > 1
+
+    def host(self, name: str) -> HostConfig:
+        for entry in self.hosts:
+            if entry.name == name:
+                return entry
+        known = ", ".join(h.name for h in self.hosts) or "none"
+        raise ValueError(f"train.hosts has no host named {name!r} (it lists: {known}); fix the node job's `host`")
+
+    @model_validator(mode="after")
+    def _hosts_are_usable(self) -> TrainConfig:
+        if not self.multi_host:
+            return self
+        for key in ("name", "address", "work_queue"):
+            values = [getattr(h, key) for h in self.hosts]
+            repeated = sorted({v for v in values if values.count(v) > 1})
+            if repeated:
+                raise ValueError(f"train.hosts: every host needs its own {key}; {', '.join(repeated)} repeats")
+        if self.strategy == "ddp_spawn":
+            raise ValueError("train.hosts lists several hosts but ddp_spawn starts every rank on one machine; "
+                             "set train.strategy to ddp or deepspeed")
+        if self.num_nodes not in (1, len(self.hosts)):  # a node's own config carries one node per host
+            raise ValueError("train.hosts and train.num_nodes > 1 both describe several machines; keep num_nodes 1 "
+                             "with a hosts list (the flow starts one node per host)")
+        if self.resume:
+            raise ValueError("train.resume works on one machine only: each host keeps only its own shards; "
+                             "train afresh across the hosts (resume false)")
+        return self

@@ -12,12 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import numpy as np
 import pandas as pd
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from fusion_model.dataset import PROBLEM_TYPES, ROW_ID, DatasetSchema
+from fusion_model.metrics import class_indices
 from fusion_model.preprocess import Preprocessor
-from fusion_model.schema import IMAGES, LABEL, LABEL_SETS
 
 
 class DataError(ValueError):
@@ -25,22 +27,25 @@ class DataError(ValueError):
 
 
 class FusionDataset(Dataset):
+    """Rows as model inputs; `labels`: class indices (classification) or values (regression), or None."""
+
     def __init__(
         self, df: pd.DataFrame, pre: Preprocessor, images_root: Path, *, train: bool = False,
-        with_labels: bool = True,
+        labels: np.ndarray | None = None,
     ) -> None:
-        if IMAGES not in df.columns:
-            raise DataError(f"rows lack the {IMAGES} column: ';'-separated image paths, empty for no photo")
+        missing = [c for c in pre.image_columns if c not in df.columns]
+        if missing:
+            raise DataError(f"rows lack the image column(s) {missing}: ';'-separated image paths, empty for no photo")
         self.pre = pre
         self.train = train
         self.rows = list(df.index)
-        self.paths = [pre.image_path(cell, Path(images_root)) for cell in df[IMAGES]]
+        self.paths = pre.image_paths(df, Path(images_root))
         # 1 where the row has a photo; 0 masks the image input of a row without one
         self.image_mask = torch.tensor([p is not None for p in self.paths], dtype=torch.float32)
         self.categorical = pre.categorical(df)
         self.numeric = pre.numeric(df, in_train=train)
         self.text_ids, self.text_counts = pre.text(df)
-        self.labels = torch.tensor(df[LABEL].to_numpy(dtype="int64")) if with_labels else None
+        self.labels = torch.from_numpy(np.asarray(labels)) if labels is not None else None
         self._images: dict[int, torch.Tensor] = {}
 
     def __len__(self) -> int:
@@ -81,8 +86,19 @@ class ValidatedData:
     train: pd.DataFrame
     val: pd.DataFrame
     dataset_root: Path
-    label_kind: str
-    classes: list[int]
+    schema: DatasetSchema
+    problem_type: str
+    classes: list[int | str]
+
+    @property
+    def label(self) -> str:
+        return self.schema.label.column
+
+    def labels(self, df: pd.DataFrame) -> np.ndarray:
+        """The label column as the model learns it: class indices, or float values (regression)."""
+        if self.problem_type == "regression":
+            return df[self.label].to_numpy(dtype=np.float32)
+        return class_indices(df[self.label].tolist(), self.classes)
 
     @classmethod
     def read(cls, data_dir: str | Path) -> ValidatedData:
@@ -92,9 +108,10 @@ class ValidatedData:
             if not path.is_file():
                 raise DataError(f"{path} is missing; run `python -m tasks validate` first (or pass --data-dir)")
         meta: dict[str, Any] = json.loads(meta_path.read_text())
-        for key in ("dataset_root", "label_kind", "classes"):
+        for key in ("dataset_root", "problem_type", "classes", "schema"):
             if key not in meta:
-                raise DataError(f"{meta_path} has no {key!r}; re-run `python -m tasks validate`")
+                raise DataError(f"{meta_path} has no {key!r} (an older validate stage wrote it); re-run "
+                                "`python -m tasks validate`")
         root = Path(meta["dataset_root"])
         root = root if root.is_absolute() else (data_dir / root)
         if not root.is_dir():
@@ -102,23 +119,26 @@ class ValidatedData:
                 f"{meta_path}: dataset_root {meta['dataset_root']!r} resolves to {root}, which is not a folder; "
                 "re-run download and validate"
             )
-        classes = [int(c) for c in meta["classes"]]
-        if meta["label_kind"] not in LABEL_SETS:
-            raise DataError(f"{meta_path}: label_kind {meta['label_kind']!r} is not one of {list(LABEL_SETS)}")
+        if meta["problem_type"] not in PROBLEM_TYPES:
+            raise DataError(f"{meta_path}: problem_type {meta['problem_type']!r} is not one of {list(PROBLEM_TYPES)}")
+        schema = DatasetSchema.model_validate(meta["schema"])
+        classes = list(meta["classes"])
         train = pd.read_parquet(data_dir / "train.parquet")
         val = pd.read_parquet(data_dir / "val.parquet")
+        data = cls(train, val, root.resolve(), schema, meta["problem_type"], classes)
         for name, df in (("train", train), ("val", val)):
-            if LABEL not in df.columns:
-                raise DataError(f"{data_dir / (name + '.parquet')} has no {LABEL} column; re-run validate")
-            bad = sorted({int(v) for v in df[LABEL].unique()} - set(classes))
-            if bad:
-                raise DataError(
-                    f"{data_dir / (name + '.parquet')}: labels {bad} are not in meta.json classes {classes}; "
-                    "re-run validate"
-                )
-            if "row_id" in df.columns:
-                df.index = df["row_id"].to_numpy()
-        return cls(train, val, root.resolve(), meta["label_kind"], classes)
+            if data.label not in df.columns:
+                raise DataError(f"{data_dir / (name + '.parquet')} has no {data.label} column; re-run validate")
+            if data.problem_type != "regression":
+                bad = sorted({str(v) for v in df[data.label].unique()} - {str(c) for c in classes})
+                if bad:
+                    raise DataError(
+                        f"{data_dir / (name + '.parquet')}: labels {bad} are not in meta.json classes {classes}; "
+                        "re-run validate"
+                    )
+            if ROW_ID in df.columns:
+                df.index = df[ROW_ID].to_numpy()
+        return data
 
 
 class FusionDataModule(pl.LightningDataModule):
@@ -133,8 +153,10 @@ class FusionDataModule(pl.LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         if not hasattr(self, "train_set"):
-            self.train_set = FusionDataset(self.data.train, self.pre, self.data.dataset_root, train=True)
-            self.val_set = FusionDataset(self.data.val, self.pre, self.data.dataset_root)
+            data = self.data
+            self.train_set = FusionDataset(data.train, self.pre, data.dataset_root, train=True,
+                                           labels=data.labels(data.train))
+            self.val_set = FusionDataset(data.val, self.pre, data.dataset_root, labels=data.labels(data.val))
 
     def _loader(self, dataset: FusionDataset, train: bool) -> DataLoader:
         # drop_last in training: a last batch of one row breaks BatchNorm backbones

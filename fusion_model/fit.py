@@ -15,28 +15,41 @@ import os
 import signal
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import numpy as np
 import torch
 from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from fusion_model.callbacks import ProgressPrinter, Throughput
+from fusion_model.callbacks import ProgressPrinter, SameFolderOnEveryHost, Throughput
 from fusion_model.config import TrainConfig, processes_per_node
 from fusion_model.data import FusionDataModule, ValidatedData
-from fusion_model.layout import BEST_CHECKPOINT, LAST_CHECKPOINT, LIVE_DIR, MODEL_CONFIG, TRAIN_SUMMARY
+from fusion_model.dataset import row_images
+from fusion_model.layout import (
+    BEST_CHECKPOINT,
+    LAST_CHECKPOINT,
+    LIVE_DIR,
+    MODEL_CONFIG,
+    RANKS_DIR,
+    TRAIN_SUMMARY,
+)
 from fusion_model.loopback import bind_stores_to_master_addr
-from fusion_model.module import FusionModule, metric_name
+from fusion_model.metrics import greater_is_better
+from fusion_model.module import FusionModule, balanced_class_weight, metric_name, monitor_mode
 from fusion_model.preprocess import Preprocessor
 from fusion_model.safe_load import check_checkpoint
-from fusion_model.schema import IMAGES, LABEL, split_images
 from fusion_model.strategies import build_strategy
 from tasks._io.files import write_json
 from tasks._io.processes import die_with_parent
 
-FORMAT_VERSION = 1
+# Validation metrics are computed on every rank from the same gathered rows, so they need no reduction;
+# the per-epoch training loss is each rank's own (an all-reduce per step costs more than it tells).
+warnings.filterwarnings("ignore", message=".*when logging on epoch level in distributed setting.*")
+FORMAT_VERSION = 2  # 2: any dataset schema and problem type (1: the PetFinder columns, binary/0-4 argmax)
 # At import, so ddp_spawn's ranks (which re-import this module) get it too: under torchrun the agent hosts
 # the store (fusion_model.launch), under ddp_spawn rank 0 does, on MASTER_ADDR only.
 bind_stores_to_master_addr()
@@ -52,15 +65,20 @@ def uses_cuda(cfg: TrainConfig) -> bool:
     return cfg.accelerator == "auto" and torch.cuda.is_available()
 
 
-def used_modalities(cfg: TrainConfig, train: Any) -> list[str]:
-    """`cfg.modalities`, without the image when no training row has a photo (nothing to learn it from)."""
-    has_photos = bool(train[IMAGES].map(lambda cell: bool(split_images(cell))).any())
-    return [m for m in cfg.modalities if m != "image" or has_photos]
+def used_modalities(cfg: TrainConfig, train: Any, available: list[str], image_columns: list[str]) -> list[str]:
+    """`cfg.modalities` the table feeds (`available`), without the image when no training row has a photo
+    (nothing to learn it from)."""
+    columns = [c for c in image_columns if c in train.columns]
+    has_photos = bool(columns) and any(row_images(row, columns) for row in train[columns].to_dict("records"))
+    return [m for m in cfg.modalities if m in available and (m != "image" or has_photos)]
 
 
-def model_kwargs(cfg: TrainConfig, pre: Preprocessor, num_classes: int, modalities: list[str]) -> dict[str, Any]:
+def model_kwargs(cfg: TrainConfig, pre: Preprocessor, num_classes: int, modalities: list[str], problem_type: str,
+                 target_transform: str = "none") -> dict[str, Any]:
     """FusionModel keyword arguments, JSON-serialisable (saved in model_config.json)."""
     return {
+        "problem_type": problem_type,
+        "target_transform": target_transform,
         "image_model": cfg.image_model,
         # the weights are in the checkpoint: a rebuilt model never needs the pretrained file again
         "pretrained": str(cfg.pretrained) if cfg.pretrained not in (False, True) else cfg.pretrained,
@@ -78,6 +96,7 @@ def model_kwargs(cfg: TrainConfig, pre: Preprocessor, num_classes: int, modaliti
         "dropout": cfg.dropout,
         "layer_norm": cfg.layer_norm,
         "category_logits": cfg.category_logits,
+        "aux_loss_weight": cfg.aux_loss_weight,
         "modalities": modalities,
     }
 
@@ -111,7 +130,10 @@ def gathered_fp32_state(trainer: Any, module: Any) -> dict[str, torch.Tensor] | 
 def _best_epoch(history: list[dict[str, float]], monitor: str) -> int | None:
     """The (first) epoch of the best monitored value: the one best.ckpt holds."""
     scored = [h for h in history if monitor in h]
-    return max(scored, key=lambda h: h[monitor])["epoch"] if scored else None
+    if not scored:
+        return None
+    pick = max if greater_is_better(monitor.removeprefix("val/")) else min
+    return pick(scored, key=lambda h: h[monitor])["epoch"]
 
 
 class FinishRun(pl.Callback):
@@ -187,35 +209,57 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.multi_host:  # which global ranks ran on this host: its node job reports them with its files
+        rank = {k.lower(): int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE")}
+        write_json(out_dir / RANKS_DIR / f"rank-{rank['rank']}.json", rank)
     data = ValidatedData.read(cfg.data_dir)
+    schema, problem_type = data.schema, data.problem_type
     # Fitted from the train split on every rank: deterministic, so all ranks agree without a broadcast.
-    pre = Preprocessor.fit(data.train, text_buckets=cfg.text_buckets, image_size=cfg.image_size,
+    pre = Preprocessor.fit(data.train, schema, text_buckets=cfg.text_buckets, image_size=cfg.image_size,
                            image_index=cfg.image_index, text_ngrams=cfg.text_ngrams, text_min_df=cfg.text_min_df,
-                           text_max_features=cfg.text_max_features, numeric_bins=cfg.numeric_bins)
-    modalities = used_modalities(cfg, data.train)
+                           text_max_features=cfg.text_max_features, numeric_bins=cfg.numeric_bins,
+                           numeric_codes_max=cfg.numeric_codes_max)
+    modalities = used_modalities(cfg, data.train, schema.modalities, schema.columns.image)
+    if not modalities:
+        raise ValueError(f"train.modalities {cfg.modalities} and the dataset's inputs {schema.modalities} have "
+                         "nothing in common; list at least one modality the table feeds")
     if set(modalities) != set(cfg.modalities) and int(os.environ.get("RANK", "0")) == 0:
-        print(f"[train] no training row has a photo: the model uses {modalities} only", flush=True)
-    kwargs = model_kwargs(cfg, pre, len(data.classes), modalities)
-    metric = metric_name(data.label_kind)
-    module = FusionModule(kwargs, label_kind=data.label_kind, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                          text_lr_multiplier=cfg.text_lr_multiplier)
+        print(f"[train] the model uses {modalities} (the table feeds {schema.modalities}; photos in training "
+              "rows decide the image)", flush=True)
+    num_classes = len(data.classes) if problem_type != "regression" else 1
+    kwargs = model_kwargs(cfg, pre, num_classes, modalities, problem_type, schema.label.transform)
+    metric = metric_name(problem_type)
+    train_labels = data.labels(data.train)
+    class_weight = (balanced_class_weight(train_labels, num_classes)
+                    if cfg.class_weight == "balanced" and problem_type != "regression" else None)
+    module = FusionModule(kwargs, lr=cfg.lr, weight_decay=cfg.weight_decay, text_lr_multiplier=cfg.text_lr_multiplier,
+                          category_lr_multiplier=cfg.category_lr_multiplier, class_weight=class_weight,
+                          fit_decision=cfg.fit_decision)
     if "text" in modalities:  # the fitted text tables, in the model's buffers (so in every checkpoint)
         module.model.text.load_tables(**pre.text_tables)
+    if problem_type == "regression":  # the target's scale, in buffers: predictions come out in the label's unit
+        target = np.log1p(np.clip(train_labels, 0, None)) if schema.label.transform == "log1p" else train_labels
+        module.model.target_mean.fill_(float(np.mean(target)))
+        module.model.target_std.fill_(float(np.std(target)) or 1.0)
     datamodule = FusionDataModule(data, pre, batch_size=cfg.batch_size, num_workers=cfg.num_workers)
 
     on_cuda = uses_cuda(cfg)
     devices = (int(os.environ["LOCAL_WORLD_SIZE"]) if "LOCAL_WORLD_SIZE" in os.environ
                else processes_per_node(cfg.devices, torch.cuda.device_count() if on_cuda else 0))
     checkpoint = ModelCheckpoint(
-        dirpath=out_dir, filename=Path(BEST_CHECKPOINT).stem, monitor=f"val/{metric}", mode="max", save_top_k=1, save_last=True,
+        dirpath=out_dir, filename=Path(BEST_CHECKPOINT).stem, monitor=f"val/{metric}", mode=monitor_mode(problem_type),
+        save_top_k=1, save_last=True,
         enable_version_counter=False,  # overwrite best.ckpt instead of writing best-v1.ckpt
         auto_insert_metric_name=False,
     )
     progress = ProgressPrinter()
     throughput = Throughput(cfg.batch_size)
     callbacks: list[pl.Callback] = [checkpoint, progress, throughput, LearningRateMonitor(logging_interval="step")]
+    if cfg.multi_host:
+        callbacks.append(SameFolderOnEveryHost(out_dir))
     if cfg.early_stopping_patience:
-        callbacks.append(EarlyStopping(monitor=f"val/{metric}", mode="max", patience=cfg.early_stopping_patience))
+        callbacks.append(EarlyStopping(monitor=f"val/{metric}", mode=monitor_mode(problem_type),
+                                       patience=cfg.early_stopping_patience))
     trainer = pl.Trainer(
         accelerator="gpu" if on_cuda else "cpu",
         devices=devices,
@@ -237,10 +281,11 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
             "format_version": FORMAT_VERSION,
             "model": kwargs,
             "preprocess": pre.to_dict(),
-            "label": LABEL,
-            "label_kind": data.label_kind,
+            "label": data.label,
+            "problem_type": problem_type,
             "classes": data.classes,
             "metric": metric,
+            "dataset": schema.model_dump(mode="json"),  # the columns a prediction request carries
         })
     resume_from = None
     if cfg.resume:

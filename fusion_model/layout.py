@@ -9,6 +9,7 @@ BEST_CHECKPOINT = "best.ckpt"  # a file (ddp, ddp_spawn) or a DeepSpeed ZeRO fol
 LAST_CHECKPOINT = "last.ckpt"
 LIVE_DIR = "dvclive"  # DVCLive's log of the run (metrics.json, plots/metrics/*.tsv), moved to train.live_dir
 CURVES = "curves.png"  # loss and validation metric per epoch, drawn from that log
+RANKS_DIR = "ranks"  # across hosts: rank-<global rank>.json, one per rank that trained into this folder
 # a converted model folder: everything prediction needs
 WEIGHTS = "model.safetensors"
 CONVERSION_MANIFEST = "manifest.json"

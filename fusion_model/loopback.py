@@ -3,9 +3,11 @@
 torch's TCPStore server binds the wildcard address whatever host it is given, so a one-node run on
 127.0.0.1 still accepted connections from the network on its rendezvous port. TCPStore can instead
 serve a socket it is handed (`master_listen_fd`); this binds that socket to the master address first.
-Patched where a store is made: torchrun's static rendezvous (its agent hosts the store its ranks use)
-and the env:// rendezvous (Lightning's ddp_spawn, where rank 0 hosts it). Multi-node runs name a
-reachable `master_addr`, and the store listens on that address alone.
+Patched where a store is made: torchrun's static rendezvous (its agent hosts the store its ranks use),
+the env:// rendezvous (Lightning's ddp_spawn, where rank 0 hosts it) and the c10d rendezvous of a run
+across hosts (host 0's agent hosts the rendezvous store at the endpoint; the agent of node rank 0 also
+hosts the store its ranks share, at its `--local-addr`). Multi-node runs name a reachable address, and
+each store listens on that address alone.
 """
 
 from __future__ import annotations
@@ -41,8 +43,16 @@ def tcp_store(host_name: str, port: int, world_size: int | None = None, is_maste
     return dist.TCPStore(host_name, port, world_size, is_master, timeout, *args, **kwargs)
 
 
+def _shared_store_server(self: Any, master_addr: str, master_port: int) -> dist.TCPStore:
+    """`DynamicRendezvousHandler._create_tcp_store_server`, on `master_addr` (the node's --local-addr) only."""
+    return tcp_store(master_addr, master_port, is_master=True, multi_tenant=True)
+
+
 def bind_stores_to_master_addr() -> None:
     """Route the rendezvous modules' store construction through `tcp_store` (idempotent)."""
     # by module name: `torch.distributed.rendezvous` as an attribute is the function, not the module
-    for name in ("torch.distributed.rendezvous", "torch.distributed.elastic.rendezvous.static_tcp_rendezvous"):
+    for name in ("torch.distributed.rendezvous", "torch.distributed.elastic.rendezvous.static_tcp_rendezvous",
+                 "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend"):
         importlib.import_module(name).TCPStore = tcp_store  # type: ignore[attr-defined]
+    dynamic = importlib.import_module("torch.distributed.elastic.rendezvous.dynamic_rendezvous")
+    dynamic.DynamicRendezvousHandler._create_tcp_store_server = _shared_store_server  # type: ignore[method-assign]

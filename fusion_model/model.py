@@ -3,6 +3,8 @@
 A plain composition (as AutoGluon's ``fusion_mlp``), widened: the image and tabular encoders go through
 per-modality adapters, the concatenation and an MLP to the head; the text, whose signal on real rows is
 lexical, and the categorical codes also add linear logits straight to the head (fusion_model/wide.py).
+The head's meaning follows the problem type (fusion_model/heads.py): class logits, an ordinal score
+through a cumulative link, or a standardised regression value.
 ``forward`` takes a dict of tensors (``image``, ``image_mask``, ``categorical``, ``numeric``,
 ``text_ids``, ``text_counts``) and an optional set of modalities to mask: everything a masked modality
 contributes is zeroed, which evaluation uses for its ablation. Every input is cast to the dtype of the
@@ -17,7 +19,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from fusion_model.schema import MODALITIES
+from fusion_model import heads
+from fusion_model.dataset import MODALITIES
 from fusion_model.wide import CategoryLogit, TextLogit
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {
@@ -60,20 +63,44 @@ class ImageEncoder(nn.Module):
         self.backbone.train(was_training)
 
     def _load_local_weights(self, path: Path) -> None:
+        """Load a local weights file strictly: every key of the backbone present with its shape, none more.
+        Only the model's own classifier (timm's `pretrained_cfg["classifier"]`, trained for other classes)
+        is left out, since a num_classes=0 backbone has none."""
         if not path.is_file():
             raise ValueError(f"pretrained weights file {path} does not exist; pass an existing local file or false")
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
+        try:
+            if path.suffix == ".safetensors":
+                from safetensors.torch import load_file
 
-            state = load_file(str(path))
-        else:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        # A classifier head trained for other classes does not belong to a num_classes=0 backbone.
+                state = load_file(str(path))
+            else:
+                state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # pickle refusals, a damaged file, another format
+            raise ValueError(f"pretrained weights file {path} cannot be read as a state dict of tensors "
+                             f"({type(e).__name__}: {e}); save it with torch.save(model.state_dict()) or "
+                             "safetensors") from None
+        if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+            raise ValueError(f"pretrained weights file {path} is not a flat state dict of tensors (a training "
+                             "checkpoint?); save model.state_dict() of the timm model")
+        classifier = (getattr(self.backbone, "pretrained_cfg", None) or {}).get("classifier")
+        heads_ = tuple(f"{c}." for c in ([classifier] if isinstance(classifier, str) else classifier or []))
+        state = {k: v for k, v in state.items() if not k.startswith(heads_)}
         own = self.backbone.state_dict()
-        state = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
-        if not state:
-            raise ValueError(f"{path} holds no weights matching this backbone; was it saved from the same model?")
-        self.backbone.load_state_dict(state, strict=False)
+        missing = sorted(set(own) - set(state))
+        unexpected = sorted(set(state) - set(own))
+        shapes = sorted(f"{k} {tuple(state[k].shape)} (the model has {tuple(own[k].shape)})"
+                        for k in set(own) & set(state) if own[k].shape != state[k].shape)
+        if missing or unexpected or shapes:
+            def few(keys: list[str]) -> str:
+                return ", ".join(keys[:6]) + (f" and {len(keys) - 6} more" if len(keys) > 6 else "")
+
+            parts = [f"missing keys: {few(missing)}" if missing else "",
+                     f"unexpected keys: {few(unexpected)}" if unexpected else "",
+                     f"shape mismatches: {few(shapes)}" if shapes else ""]
+            raise ValueError(f"pretrained weights file {path} does not match train.image_model "
+                             f"{type(self.backbone).__name__} ({'; '.join(p for p in parts if p)}); save the "
+                             "weights of the same timm model (timm.create_model(name).state_dict())")
+        self.backbone.load_state_dict(state, strict=True)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.backbone(images.to(_dtype_of(self.backbone)))
@@ -101,6 +128,8 @@ class FusionModel(nn.Module):
         cat_cardinalities: Sequence[int],
         n_numeric: int,
         num_classes: int,
+        problem_type: str = "binary",
+        target_transform: str = "none",
         pretrained: bool | str = False,
         image_size: int = 64,
         text_buckets: int = 262144,
@@ -113,6 +142,7 @@ class FusionModel(nn.Module):
         dropout: float = 0.3,
         layer_norm: bool = True,
         category_logits: bool = True,
+        aux_loss_weight: float = 0.0,
         modalities: Sequence[str] = MODALITIES,
     ) -> None:
         super().__init__()
@@ -125,14 +155,22 @@ class FusionModel(nn.Module):
         # text without running a backbone on blank images, and a single-modality baseline is that
         # modality's part alone.
         self.modalities = tuple(m for m in MODALITIES if m in modalities)
+        self.problem_type, self.target_transform = problem_type, target_transform
+        width = heads.output_width(problem_type, num_classes)
+        self.ordinal = heads.OrdinalLink(num_classes) if problem_type == "ordinal" else None
+        if problem_type == "multiclass":  # added to the logits before the argmax; fitted on validation
+            self.register_buffer("decision_bias", torch.zeros(num_classes))
+        if problem_type == "regression":  # the training labels' scale (after the transform)
+            self.register_buffer("target_mean", torch.zeros(()))
+            self.register_buffer("target_std", torch.ones(()))
         encoders: dict[str, nn.Module] = {}
         if "image" in self.modalities:
             encoders["image"] = self.image = ImageEncoder(image_model, pretrained, image_size)
         if "tabular" in self.modalities:
             encoders["tabular"] = self.tabular = TabularEncoder(cat_cardinalities, n_numeric, cat_dim)
-            self.category_logit = CategoryLogit(cat_cardinalities, num_classes) if category_logits else None
+            self.category_logit = CategoryLogit(cat_cardinalities, width) if category_logits else None
         if "text" in self.modalities:
-            self.text = TextLogit(text_buckets, text_vocab_size, num_classes, max_order=text_ngrams)
+            self.text = TextLogit(text_buckets, text_vocab_size, width, max_order=text_ngrams)
         self.adapters = nn.ModuleDict({name: nn.Linear(enc.out_dim, adapter_dim) for name, enc in encoders.items()})
         self.mlp: nn.Module | None = None
         self.head: nn.Module | None = None
@@ -146,7 +184,15 @@ class FusionModel(nn.Module):
                 layers += [_ACTIVATIONS[activation](), nn.Dropout(dropout)]
                 width = hidden
             self.mlp = nn.Sequential(*layers)
-            self.head = nn.Linear(width, num_classes)
+            self.head = nn.Linear(width, heads.output_width(problem_type, num_classes))
+        # one auxiliary head per deep modality, on its adapter's output, trained beside the fused head so
+        # each encoder learns features of its own (a slow learner such as an image encoder from scratch is
+        # otherwise left behind by the modalities that fit fast); unused when predicting
+        self.aux_loss_weight = aux_loss_weight
+        self.aux_heads = nn.ModuleDict(
+            {name: nn.Linear(adapter_dim, heads.output_width(problem_type, num_classes)) for name in self.adapters}
+        ) if aux_loss_weight > 0 and len(self.adapters) + len(self.modalities) > 2 else None
+        self._aux: list[tuple[torch.Tensor, torch.Tensor | None]] = []
 
     def encode(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The deep modalities' features (the encoders' outputs, before the adapters)."""
@@ -155,8 +201,9 @@ class FusionModel(nn.Module):
         return {name: inputs[name]() for name in self.adapters}
 
     def forward(self, batch: dict[str, torch.Tensor], mask: Iterable[str] = ()) -> torch.Tensor:
-        """Logits [batch, num_classes]; modalities named in ``mask`` contribute zeros, and so does the image
-        of a row whose ``image_mask`` is 0 (a row without photos)."""
+        """The raw output [batch, width] (fusion_model/heads.py: class logits, ordinal cumulative logits, or
+        the standardised regression value); modalities named in ``mask`` contribute zeros, and so does the
+        image of a row whose ``image_mask`` is 0 (a row without photos)."""
         mask = set(mask)
         unknown = mask - set(MODALITIES)
         if unknown:
@@ -170,18 +217,51 @@ class FusionModel(nn.Module):
         if "tabular" in self.modalities and self.category_logit is not None:
             codes = self.category_logit(batch["categorical"])
             wide.append(codes * 0 if "tabular" in mask else codes)
+        keep_image = batch.get("image_mask")  # 0 for a row without a photo
         logits = None
         if self.head is not None:
             features = self.encode(batch)
             fused = []
+            self._aux = []
             for name, adapter in self.adapters.items():
                 # the seed's fix: an encoder may return fp32 while the adapter holds fp16/bf16 weights
                 out = adapter(features[name].to(adapter.weight.dtype))
-                if name == "image" and "image_mask" in batch:
-                    out = out * batch["image_mask"].to(out.dtype).unsqueeze(1)
+                if self.training and self.aux_heads is not None:
+                    rows = keep_image.bool() if name == "image" and keep_image is not None else None
+                    aux = self.aux_heads[name](out)
+                    self._aux.append((self.ordinal(aux) if self.ordinal is not None else aux, rows))
+                if name == "image" and keep_image is not None:
+                    out = out * keep_image.to(out.dtype).unsqueeze(1)
                 fused.append(out * 0 if name in mask else out)
             logits = self.head(self.mlp(torch.cat(fused, dim=1)))
         for part in wide:
             logits = part if logits is None else logits + part.to(logits.dtype)
         assert logits is not None  # modalities is non-empty
-        return logits
+        return self.ordinal(logits) if self.ordinal is not None else logits
+
+    def interpret(self, raw: torch.Tensor) -> heads.Outputs:
+        """Predictions from this model's raw output (its fitted cut points, biases and target scale)."""
+        kwargs: dict = {}
+        if self.problem_type == "multiclass":
+            kwargs["decision_bias"] = self.decision_bias
+        elif self.problem_type == "ordinal":
+            assert self.ordinal is not None
+            kwargs["cutpoints"] = self.ordinal.cutpoints
+        elif self.problem_type == "regression":
+            kwargs.update(target_mean=float(self.target_mean), target_std=float(self.target_std),
+                          target_transform=self.target_transform)
+        return heads.interpret(raw, self.problem_type, **kwargs)
+
+    def loss(self, raw: torch.Tensor, labels: torch.Tensor, class_weight: torch.Tensor | None = None) -> torch.Tensor:
+        scale: dict = {}
+        if self.problem_type == "regression":
+            scale = {"target_mean": float(self.target_mean), "target_std": float(self.target_std),
+                     "target_transform": self.target_transform}
+        main = heads.loss(raw, labels, self.problem_type, class_weight=class_weight, **scale)
+        aux, self._aux = self._aux, []  # the auxiliary heads' outputs of the forward pass that made `raw`
+        parts = [heads.loss(out if rows is None else out[rows], labels if rows is None else labels[rows],
+                            self.problem_type, class_weight=class_weight, **scale)
+                 for out, rows in aux if rows is None or bool(rows.any())]
+        if not parts:
+            return main
+        return main + self.aux_loss_weight * torch.stack(parts).mean()

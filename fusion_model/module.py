@@ -1,9 +1,14 @@
-"""LightningModule around ``FusionModel``: one shared step for train/val/test, torchmetrics, AdamW.
+"""LightningModule around ``FusionModel``: the problem type's loss, validation metrics, AdamW.
 
 The ``FusionModel`` is the single attribute ``self.model``, so every key of this module's state dict is
 ``fusion_model.layout.MODEL_PREFIX + <FusionModel key>``; DeepSpeed's raw output adds
 ``layout.DEEPSPEED_PREFIX`` in front of that.
 The conversion stage strips exactly these two prefixes to get plain ``FusionModel`` keys.
+
+Validation gathers every rank's outputs at the end of each epoch, fits the decision rule on them when
+asked (ordinal cut points, multiclass class biases: fusion_model/decision.py; kept in the model's buffers,
+so the checkpoint of that epoch carries them) and logs the metrics of fusion_model/metrics.py as
+``val/<name>``: the very functions the evaluate stage uses on the test set.
 """
 
 from __future__ import annotations
@@ -12,79 +17,104 @@ import math
 from typing import Any
 
 import lightning.pytorch as pl
+import numpy as np
 import torch
-import torch.nn.functional as F
-from torchmetrics import AUROC, Accuracy, CohenKappa, MetricCollection
 
+from fusion_model.decision import fit_class_bias, fit_cutpoints
+from fusion_model.metrics import compute_metrics, greater_is_better, primary_metric_name
 from fusion_model.model import FusionModel
 
-# Primary metric per label kind, logged as "val/<name>" and monitored for the best checkpoint.
-METRIC_NAME: dict[str, str] = {"binary": "auc", "multiclass": "kappa"}
+
+def metric_name(problem_type: str) -> str:
+    """The validation metric monitored for the best checkpoint (logged as ``val/<name>``)."""
+    return primary_metric_name(problem_type)
 
 
-def metric_name(label_kind: str) -> str:
-    return METRIC_NAME[label_kind]
-
-
-def _metrics(label_kind: str, num_classes: int) -> MetricCollection:
-    if label_kind == "binary":
-        return MetricCollection({"auc": AUROC(task="binary"), "acc": Accuracy(task="binary")})
-    return MetricCollection({
-        "kappa": CohenKappa(task="multiclass", num_classes=num_classes, weights="quadratic"),
-        "acc": Accuracy(task="multiclass", num_classes=num_classes),
-    })
+def monitor_mode(problem_type: str) -> str:
+    return "max" if greater_is_better(metric_name(problem_type)) else "min"
 
 
 class FusionModule(pl.LightningModule):
     def __init__(
-        self, model_kwargs: dict[str, Any], *, label_kind: str, lr: float, weight_decay: float,
-        warmup_fraction: float = 0.1, text_lr_multiplier: float = 1.0,
+        self, model_kwargs: dict[str, Any], *, lr: float, weight_decay: float, warmup_fraction: float = 0.1,
+        text_lr_multiplier: float = 1.0, category_lr_multiplier: float = 1.0, class_weight: list[float] | None = None,
+        fit_decision: bool = True,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.model = FusionModel(**model_kwargs)
-        self.label_kind = label_kind
-        num_classes = model_kwargs["num_classes"]
-        self.train_metrics = _metrics(label_kind, num_classes).clone(prefix="train/")
-        self.val_metrics = _metrics(label_kind, num_classes).clone(prefix="val/")
-        self.test_metrics = _metrics(label_kind, num_classes).clone(prefix="test/")
+        self.problem_type: str = model_kwargs.get("problem_type", "binary")
+        self.num_classes: int = model_kwargs["num_classes"]
+        self.fit_decision = fit_decision
+        self.register_buffer("class_weight", torch.tensor(class_weight, dtype=torch.float32)
+                             if class_weight is not None else None, persistent=False)
+        self._val_raw: list[torch.Tensor] = []
+        self._val_labels: list[torch.Tensor] = []
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.model(batch)
 
-    def model_step(self, batch: dict[str, torch.Tensor], stage: str) -> torch.Tensor:
-        logits = self.model(batch).float()  # loss and metrics in fp32 whatever the weights' dtype
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         labels = batch["label"]
-        loss = F.cross_entropy(logits, labels)
-        probs = logits.softmax(dim=-1)
-        metrics = getattr(self, f"{stage}_metrics")
-        metrics.update(probs[:, 1] if self.label_kind == "binary" else probs, labels)
-        if stage == "train":  # per step unsynced (an all-reduce per step costs more than it tells), and per epoch
-            self.log("train/loss", loss, on_step=True, on_epoch=True, sync_dist=False, batch_size=labels.shape[0])
-        else:
-            self.log(f"{stage}/loss", loss, on_epoch=True, sync_dist=True, batch_size=labels.shape[0])
-        self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=labels.shape[0])
+        loss = self.model.loss(self.model(batch), labels, self.class_weight)
+        # per step unsynced (an all-reduce per step costs more than it tells), and per epoch
+        self.log("train/loss", loss, on_step=True, on_epoch=True, sync_dist=False, batch_size=labels.shape[0])
         return loss
 
-    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        return self.model_step(batch, "train")
-
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        self.model_step(batch, "val")
+        labels = batch["label"]
+        raw = self.model(batch)
+        loss = self.model.loss(raw, labels, self.class_weight)
+        self.log("val/loss", loss, on_epoch=True, sync_dist=True, batch_size=labels.shape[0])
+        self._val_raw.append(raw.detach().float())
+        self._val_labels.append(labels.detach())
 
-    def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        self.model_step(batch, "test")
+    def on_validation_epoch_start(self) -> None:
+        self._val_raw, self._val_labels = [], []
+
+    def _gathered(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        """This epoch's rows of every rank (the distributed sampler gives each rank as many)."""
+        local = torch.cat(parts)
+        if self.trainer.world_size == 1:
+            return local
+        return self.all_gather(local).reshape(-1, *local.shape[1:])
+
+    def on_validation_epoch_end(self) -> None:
+        if not self._val_raw or self.trainer.sanity_checking:
+            return
+        raw, labels = self._gathered(self._val_raw), self._gathered(self._val_labels)
+        self._val_raw, self._val_labels = [], []
+        y = labels.cpu().numpy()
+        if self.fit_decision and self.problem_type == "ordinal":
+            expected = torch.sigmoid(raw).sum(1).cpu().numpy()
+            cuts = fit_cutpoints(expected, y, self.num_classes)
+            self.model.ordinal.cutpoints.copy_(torch.as_tensor(cuts, dtype=torch.float32))
+        elif self.fit_decision and self.problem_type == "multiclass":
+            bias = fit_class_bias(torch.log_softmax(raw, 1).cpu().numpy(), y)
+            self.model.decision_bias.copy_(torch.as_tensor(bias, dtype=torch.float32))
+        out = self.model.interpret(raw)
+        metrics = compute_metrics(y, out.prediction.cpu().numpy(), self.problem_type, self.num_classes,
+                                  None if out.proba is None else out.proba.cpu().numpy())
+        # the same value on every rank (the same gathered rows): no further reduction
+        for name, value in metrics.items():
+            if value is not None:
+                self.log(f"val/{name}", float(value), on_epoch=True, sync_dist=False, rank_zero_only=False)
+            elif name == metric_name(self.problem_type):
+                worst = -math.inf if greater_is_better(name) else math.inf
+                self.log(f"val/{name}", worst, on_epoch=True, sync_dist=False)
 
     def configure_optimizers(self) -> dict[str, Any]:
         # Plain AdamW: works with ZeRO as a client optimizer (zero_allow_untested_optimizer) and needs no
         # JIT build, unlike DeepSpeed's CPU/Fused Adam (~160 s to compile).
-        decay, no_decay, text = [], [], []
+        decay, no_decay, text, codes = [], [], [], []
         for name, p in self.model.named_parameters():
             if name.startswith("text."):
                 text.append(p)  # the linear text logit: its own pace, no decay (idf and tf already scale it)
+            elif name.startswith("category_logit."):
+                codes.append(p)  # the per-code logits: their own pace, no decay
             elif p.ndim <= 1 or isinstance(self.model.get_submodule(name.rsplit(".", 1)[0]),
                                            torch.nn.Embedding | torch.nn.EmbeddingBag):
-                no_decay.append(p)  # biases, norms and embeddings
+                no_decay.append(p)  # biases, norms, embeddings and the ordinal thresholds
             else:
                 decay.append(p)
         groups = [{"params": decay, "weight_decay": self.hparams.weight_decay},
@@ -92,6 +122,9 @@ class FusionModule(pl.LightningModule):
         if text:
             groups.append({"params": text, "weight_decay": 0.0,
                            "lr": self.hparams.lr * self.hparams.text_lr_multiplier})
+        if codes:
+            groups.append({"params": codes, "weight_decay": 0.0,
+                           "lr": self.hparams.lr * self.hparams.category_lr_multiplier})
         # an empty group (e.g. nothing decays in a text-only model) would be dropped by ZeRO, leaving the
         # scheduler one group longer than the optimizer
         optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=self.hparams.lr)
@@ -106,3 +139,9 @@ class FusionModule(pl.LightningModule):
 
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def balanced_class_weight(labels: np.ndarray, num_classes: int) -> list[float]:
+    """scikit-learn's "balanced" weights: rows / (classes * rows of the class), 1 for an absent class."""
+    counts = np.bincount(np.asarray(labels, dtype=np.int64), minlength=num_classes).astype(float)
+    return [float(len(labels) / (num_classes * c)) if c else 1.0 for c in counts]

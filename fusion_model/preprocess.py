@@ -1,16 +1,18 @@
 """Feature preprocessing fitted on the training split only and saved with the model as plain JSON.
 
-Tabular: the numeric columns (counts and amounts) and two frequencies fitted on the training rows (how
-many pets the row's rescuer has listed, how common its Breed1 is) are log1p-transformed and
-standardised, then each is also given a piecewise-linear encoding over its training quantiles (a value's
-position within each bin, 0..1), which lets an MLP bend where trees would split. Categorical codes are
-mapped through a train vocabulary (index 0 = unseen value). Text: Name + Description, lower-cased, cut
-into word 1..`text_ngrams`-grams hashed into `text_buckets` (crc32: stable everywhere, no vocabulary to
-download); each row is its distinct n-grams with their counts. Which buckets count, their idf and n-gram
-order are fitted here too, but are tables of the model (`text_tables`, loaded into its buffers), so they
-travel in model.safetensors, not in JSON. Images: one image per row (``image_index``, falling back to the
-last one a row has), resized to a square and normalised with fixed channel statistics; a row without
-photos gets a blank image and a mask of 0, so the model ignores its image input.
+The columns come from the dataset schema (fusion_model/dataset.py). Tabular: the numerical columns and
+the frequencies of the `frequency` columns (how many training rows share the row's value: listings per
+rescuer, how common a breed is) are log1p-transformed when never negative in training (skewed counts and
+amounts), standardised, then each is also given a piecewise-linear encoding over its training quantiles
+(a value's position within each bin, 0..1), which lets an MLP bend where trees would split; a missing
+number becomes the training mean. Categorical values (canonical text) are mapped through a train
+vocabulary (index 0 = unseen value). Text: the text columns joined, lower-cased, cut into word
+1..`text_ngrams`-grams hashed into `text_buckets` (crc32: stable everywhere, no vocabulary to download);
+each row is its distinct n-grams with their counts. Which buckets count, their idf and n-gram order are
+fitted here too, but are tables of the model (`text_tables`, loaded into its buffers), so they travel in
+model.safetensors, not in JSON. Images: one image per row (``image_index`` among the photos of all image
+columns, falling back to the last one a row has), resized to a square and normalised with fixed channel
+statistics; a row without photos gets a blank image and a mask of 0, so the model ignores its image input.
 """
 
 from __future__ import annotations
@@ -27,28 +29,21 @@ import pandas as pd
 import torch
 from PIL import Image
 
-from fusion_model.schema import CATEGORICAL_COLUMNS, NUMERIC_COLUMNS, TEXT_COLUMNS, split_images
+from fusion_model.dataset import DatasetSchema, canonical, row_images, sort_classes
 
 _TOKEN = re.compile(r"[a-z0-9]+")
 # ImageNet statistics: a fixed, documented choice that also suits a local pretrained weights file.
 IMAGE_MEAN = (0.485, 0.456, 0.406)
 IMAGE_STD = (0.229, 0.224, 0.225)
-# Frequencies fitted on the training rows, numeric inputs beside the schema's numeric columns.
-COUNT_FEATURES: tuple[str, ...] = ("rescuer_listings", "breed1_frequency")
+FREQUENCY_SUFFIX = " frequency"  # the numeric input counting a `frequency` column's value
 
 
-def _log_amounts(values: np.ndarray) -> np.ndarray:
-    """log1p of the non-negative counts and amounts (Age, Fee, ...): they are heavily right-skewed (a few
-    fees of thousands), so standardising the raw values would squeeze most rows into a sliver."""
-    return np.log1p(np.clip(values, 0, None))
-
-
-def _frequency_keys(df: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
-    """The keys the two frequencies are counted by, the same at fit and at transform: RescuerID as text
-    (missing column: no key) and the Breed1 code as text."""
-    rescuer = (df["RescuerID"].astype(str) if "RescuerID" in df.columns
-               else pd.Series(np.nan, index=df.index, dtype=object))
-    return rescuer, pd.to_numeric(df["Breed1"], errors="coerce").astype("Int64").astype(str)
+def _frequency_key(df: pd.DataFrame, column: str) -> pd.Series:
+    """The key a frequency is counted by, the same at fit and at transform: the canonical text of the cell
+    ("" when empty or when the column is absent: no key)."""
+    if column not in df.columns:
+        return pd.Series("", index=df.index, dtype=object)
+    return df[column].map(canonical)
 
 
 def _hash(gram: str, buckets: int) -> int:
@@ -70,18 +65,20 @@ class PreprocessError(ValueError):
 
 @dataclass
 class Preprocessor:
-    numeric_columns: list[str]  # the schema's numeric columns, then COUNT_FEATURES
+    numeric_columns: list[str]  # the schema's numerical columns, then "<column> frequency" per frequency column
     numeric_mean: list[float]
     numeric_std: list[float]
     # piecewise-linear encoding: per numeric input, the bin edges (standardised scale, quantiles of train)
     numeric_bins: list[list[float]]
-    categorical_columns: list[str]
-    # column -> sorted list of the codes seen in train; code at position i gets index i + 1.
-    vocabularies: dict[str, list[int]]
-    # training rows per RescuerID and per Breed1 code (keys as str for JSON)
-    rescuer_counts: dict[str, int] = field(default_factory=dict)
-    breed1_counts: dict[str, int] = field(default_factory=dict)
-    text_columns: list[str] = field(default_factory=lambda: list(TEXT_COLUMNS))
+    categorical_columns: list[str]  # the schema's categorical columns, then the numerical ones also coded
+    # column -> the values seen in train (canonical text, numbers in numeric order); value i gets index i + 1
+    vocabularies: dict[str, list[str]]
+    numeric_log: list[bool] = field(default_factory=list)  # per numeric input: log1p (never negative in train)
+    frequency_columns: list[str] = field(default_factory=list)
+    # frequency column -> training rows per value (keys: canonical text)
+    frequency_counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    text_columns: list[str] = field(default_factory=list)
+    image_columns: list[str] = field(default_factory=list)
     text_buckets: int = 262144
     text_ngrams: int = 3
     text_max_features: int = 1024  # distinct n-grams kept per row (the first ones)
@@ -95,35 +92,49 @@ class Preprocessor:
     # ---- fitting and serialisation -------------------------------------------------------------
     @classmethod
     def fit(
-        cls, train: pd.DataFrame, *, text_buckets: int, image_size: int, image_index: int, text_ngrams: int = 3,
-        text_min_df: int = 2, text_max_features: int = 1024, numeric_bins: int = 16,
+        cls, train: pd.DataFrame, schema: DatasetSchema, *, text_buckets: int, image_size: int, image_index: int,
+        text_ngrams: int = 3, text_min_df: int = 2, text_max_features: int = 1024, numeric_bins: int = 16,
+        numeric_codes_max: int = 0,
     ) -> Preprocessor:
-        """Statistics from the training split only (never val/test: that would leak)."""
-        missing = [c for c in (*NUMERIC_COLUMNS, *CATEGORICAL_COLUMNS) if c not in train.columns]
+        """Statistics from the training split only (never val/test: that would leak). A numerical column with
+        at most `numeric_codes_max` distinct training values (a year, a count of a few kinds) also enters as
+        a code: each value gets its own embedding and logit, as trees split on each value."""
+        columns = schema.columns
+        missing = [c for c in (*columns.numerical, *columns.categorical, *columns.text) if c not in train.columns]
         if missing:
             raise PreprocessError(
                 f"training table lacks columns {missing}; re-run the validate stage so the table has every "
-                "schema column"
+                "declared column"
             )
-        rescuers, breeds = (keys.value_counts() for keys in _frequency_keys(train))
+        coded = [c for c in columns.numerical
+                 if 1 < train[c].map(canonical).replace("", None).nunique() <= numeric_codes_max]
+        categorical = [*columns.categorical, *coded]
         pre = cls(
-            numeric_columns=[*NUMERIC_COLUMNS, *COUNT_FEATURES], numeric_mean=[], numeric_std=[], numeric_bins=[],
-            categorical_columns=list(CATEGORICAL_COLUMNS),
-            vocabularies={c: sorted(int(v) for v in train[c].dropna().unique()) for c in CATEGORICAL_COLUMNS},
-            rescuer_counts={k: int(v) for k, v in rescuers.items() if k},
-            breed1_counts={k: int(v) for k, v in breeds.items()},
+            numeric_columns=[*columns.numerical, *(c + FREQUENCY_SUFFIX for c in schema.frequency)],
+            numeric_mean=[], numeric_std=[], numeric_bins=[],
+            categorical_columns=categorical,
+            vocabularies={c: [str(v) for v in sort_classes(train[c].map(canonical))]
+                          + ([""] if (train[c].map(canonical) == "").any() else [])
+                          for c in categorical},
+            frequency_columns=list(schema.frequency),
+            frequency_counts={c: {k: int(v) for k, v in _frequency_key(train, c).value_counts().items() if k}
+                              for c in schema.frequency},
+            text_columns=list(columns.text), image_columns=list(columns.image),
             text_buckets=text_buckets, text_ngrams=text_ngrams, text_max_features=text_max_features,
             image_size=image_size, image_index=image_index,
         )
-        raw = pre._numeric_raw(train, in_train=True)
-        mean, std = raw.mean(axis=0), raw.std(axis=0)
+        values = pre._numeric_values(train, in_train=True)
+        pre.numeric_log = [bool(np.nanmin(values[:, j], initial=0.0) >= 0) for j in range(values.shape[1])]
+        raw = pre._logged(values)
+        mean, std = np.nanmean(raw, axis=0), np.nanstd(raw, axis=0)
+        mean, std = np.nan_to_num(mean), np.nan_to_num(std)
         pre.numeric_mean = [float(v) for v in mean]
         # a constant column would divide by zero: leave it unscaled (std 1)
         pre.numeric_std = [float(v) if v > 1e-12 else 1.0 for v in std]
-        z = (raw - mean) / np.asarray(pre.numeric_std)
+        z = (np.where(np.isnan(raw), mean, raw) - mean) / np.asarray(pre.numeric_std)
         pre.numeric_bins = [[float(e) for e in np.unique(np.quantile(z[:, j], np.linspace(0, 1, numeric_bins + 1)))]
                             for j in range(z.shape[1])]
-        pre.text_tables = pre._fit_text(train, text_min_df)
+        pre.text_tables = pre._fit_text(train, text_min_df) if pre.text_columns else None
         return pre
 
     def _fit_text(self, train: pd.DataFrame, min_df: int) -> dict[str, np.ndarray]:
@@ -178,23 +189,35 @@ class Preprocessor:
         if missing:
             raise PreprocessError(f"input rows lack columns {missing}; add them (see fusion_model/schema.py)")
 
-    def _numeric_raw(self, df: pd.DataFrame, in_train: bool) -> np.ndarray:
-        """log1p of the numeric columns and of the two frequencies. A training row's counts leave the row
-        itself out, so they mean what they mean for a new row: the rescuer's other listings."""
-        self._require(df, [*NUMERIC_COLUMNS, "Breed1"])
-        values = _log_amounts(df[list(NUMERIC_COLUMNS)].astype("float64").to_numpy())
-        rescuer_keys, breed_keys = _frequency_keys(df)
-        rescuer = rescuer_keys.map(self.rescuer_counts).fillna(0).to_numpy(dtype=float)
-        breed = breed_keys.map(self.breed1_counts).fillna(0).to_numpy(dtype=float)
-        if in_train:
-            rescuer, breed = np.clip(rescuer - 1, 0, None), np.clip(breed - 1, 0, None)
-        return np.concatenate([values, np.log1p(np.stack([rescuer, breed], axis=1))], axis=1)
+    def _numeric_values(self, df: pd.DataFrame, in_train: bool) -> np.ndarray:
+        """The numerical columns (NaN when missing) and the frequencies. A training row's counts leave the
+        row itself out, so they mean what they mean for a new row: the other rows sharing its value."""
+        n_plain = len(self.numeric_columns) - len(self.frequency_columns)
+        self._require(df, self.numeric_columns[:n_plain])
+        parts = [df[self.numeric_columns[:n_plain]].apply(pd.to_numeric, errors="coerce").to_numpy(dtype=float)]
+        for col in self.frequency_columns:
+            keys = _frequency_key(df, col)
+            counts = keys.map(self.frequency_counts.get(col, {})).fillna(0).to_numpy(dtype=float, copy=True)
+            counts[keys.to_numpy() == ""] = 0
+            if in_train:
+                counts = np.clip(counts - 1, 0, None)
+            parts.append(counts[:, None])
+        return np.concatenate(parts, axis=1) if parts else np.zeros((len(df), 0))
+
+    def _logged(self, values: np.ndarray) -> np.ndarray:
+        """log1p of the inputs never negative in training: counts and amounts are heavily right-skewed (a few
+        fees of thousands), so standardising the raw values would squeeze most rows into a sliver."""
+        out = values.copy()
+        for j, log in enumerate(self.numeric_log):
+            if log:
+                out[:, j] = np.log1p(np.clip(out[:, j], 0, None))
+        return out
 
     def numeric(self, df: pd.DataFrame, in_train: bool = False) -> torch.Tensor:
         """[rows, n_numeric]: standardised values, then their piecewise-linear encodings. `in_train`: the
         rows are the training rows themselves (their frequencies leave each row out)."""
         mean, std = np.asarray(self.numeric_mean), np.asarray(self.numeric_std)
-        raw = self._numeric_raw(df, in_train)
+        raw = self._logged(self._numeric_values(df, in_train))
         raw = np.where(np.isnan(raw), mean, raw)  # a missing value becomes the train mean
         z = (raw - mean) / std
         parts = [z]
@@ -208,12 +231,13 @@ class Preprocessor:
         out = np.zeros((len(df), len(self.categorical_columns)), dtype=np.int64)
         for j, col in enumerate(self.categorical_columns):
             lookup = {code: i + 1 for i, code in enumerate(self.vocabularies[col])}
-            codes = pd.to_numeric(df[col], errors="coerce")
-            out[:, j] = [lookup.get(int(v), 0) if pd.notna(v) else 0 for v in codes]
+            out[:, j] = df[col].map(canonical).map(lookup).fillna(0).to_numpy(dtype=np.int64)
         return torch.from_numpy(out)
 
     def _joined(self, df: pd.DataFrame) -> pd.Series:
         self._require(df, self.text_columns)
+        if not self.text_columns:
+            return pd.Series("", index=df.index, dtype=object)
         return df[self.text_columns].fillna("").astype(str).agg(" ".join, axis=1)
 
     def text(self, df: pd.DataFrame) -> tuple[torch.Tensor, torch.Tensor]:
@@ -232,12 +256,13 @@ class Preprocessor:
                 counts_[i, : len(row)] = [c for _, c in row]
         return torch.from_numpy(ids), torch.from_numpy(counts_)
 
-    def image_path(self, cell: object, images_root: Path) -> Path | None:
-        """The row's photo to use (`image_index`, else its last one); None for a row without photos."""
-        paths = split_images(cell)
-        if not paths:
-            return None
-        return images_root / paths[min(self.image_index, len(paths) - 1)]
+    def image_paths(self, df: pd.DataFrame, images_root: Path) -> list[Path | None]:
+        """Each row's photo to use (`image_index` among its photos, else its last one); None without photos."""
+        out: list[Path | None] = []
+        for row in df[[c for c in self.image_columns if c in df.columns]].to_dict("records"):
+            paths = row_images(row, self.image_columns)
+            out.append(images_root / paths[min(self.image_index, len(paths) - 1)] if paths else None)
+        return out
 
     def load_image(self, path: Path, row: object) -> torch.Tensor:
         """uint8 [3, size, size]: decoded and resized once, normalised per batch by `normalise`."""

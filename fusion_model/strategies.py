@@ -98,6 +98,10 @@ def deepspeed_config(cfg: TrainConfig, on_cuda: bool = True) -> dict[str, Any]:
         "train_micro_batch_size_per_gpu": cfg.batch_size,
         "wall_clock_breakdown": False,
     }
+    if cfg.multi_host:
+        # no disk is shared between hosts: the first rank of each host writes the model states into its own
+        # folder (ZeRO shards are per rank anyway), and the shards are gathered before the one conversion
+        config["checkpoint"] = {"use_node_local_storage": True}
     if cfg.precision == "bf16-mixed":
         config["bf16"] = {"enabled": True}
         # DeepSpeed casts parameters to bf16 but keeps buffers fp32: BatchNorm then fails with

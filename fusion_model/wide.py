@@ -63,3 +63,4 @@ class CategoryLogit(nn.Module):
 
     def forward(self, categorical: torch.Tensor) -> torch.Tensor:
         return sum(table(categorical[:, i]) for i, table in enumerate(self.tables))
+

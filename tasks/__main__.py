@@ -6,6 +6,8 @@ command line (paths included), so dvc.yaml and people call the same function the
 restore the promoted models kept under `promote.champion_dir`'s folder, waiting at most
 `promote.lock_timeout_s` for a promotion in progress. ``python -m tasks drift --reference TABLE --batch
 TABLE [--json]`` runs the drift gate on two CSV tables (exit 0 passed, 1 drifted, 2 bad input).
+``python -m tasks dataset infer TABLE [--images-dir DIR] [--label COL]`` drafts the `dataset:` section for
+a table of your own.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from tasks.errors import StageError
 from tasks.params import Params, ParamsError, load_params
 
 # stage name -> (module, params.yaml section); the module defines a function named like the stage.
+# The stages that read the table itself also take the declared dataset (params.yaml `dataset:`); the later
+# ones read it from the validated folder's meta.json.
+DATASET_STAGES = frozenset({"download", "validate"})
 STAGES: dict[str, tuple[str, str]] = {
     "download": ("tasks.download", "download"),
     "validate": ("tasks.validate", "validate"),
@@ -76,6 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(stage, help=f"run the {stage} stage (params.yaml `{section}:`)")
         p.add_argument("--params", default="params.yaml", type=Path, help="params file (default params.yaml)")
         _add_overrides(p, section)
+    dataset = sub.add_parser("dataset", help="declare your table: draft params.yaml's dataset: section")
+    dataset_action = dataset.add_subparsers(dest="action", required=True, metavar="ACTION")
+    draft = dataset_action.add_parser("infer", help="print a draft dataset: section, a reason per column")
+    draft.add_argument("table", type=Path, help="a CSV or Parquet file")
+    draft.add_argument("--images-dir", type=Path, default=None,
+                       help="the folder image paths are relative to (default: the table's folder)")
+    draft.add_argument("--label", default=None, help="the column to predict")
     champion = sub.add_parser("champion", help="list the promoted models, or roll the champion back")
     champion.add_argument("--params", default="params.yaml", type=Path, help="params file (default params.yaml)")
     champion.add_argument("--champion-dir", type=Path, default=None, help="default: params.yaml promote.champion_dir")
@@ -94,9 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     drift.add_argument("--batch", type=Path, required=True, metavar="TABLE", help="CSV of the new rows")
     drift.add_argument("--json", action="store_true", help="print the report as JSON")
     drift.add_argument("--params", type=Path, default=Path("params.yaml"),
-                       help="params file: download.drift_gate and validate.label_kind (default params.yaml)")
-    drift.add_argument("--label-kind", choices=["binary", "multiclass"], default=None,
-                       help="the label's kind (default: params.yaml validate.label_kind)")
+                       help="params file: its dataset section and download.drift_gate (default params.yaml)")
+    drift.add_argument("--problem-type", choices=["binary", "multiclass", "ordinal", "regression"], default=None,
+                       help="the label's problem type (default: params.yaml dataset.label.problem_type)")
     return parser
 
 
@@ -134,6 +146,8 @@ def run_stage(stage: str, params: Params) -> Any:
     module_name, section = STAGES[stage]
     module = importlib.import_module(module_name)
     section_params = params.validate_ if section == "validate" else getattr(params, section)
+    if stage in DATASET_STAGES:
+        return getattr(module, stage)(section_params, params.schema)
     return getattr(module, stage)(section_params)
 
 
@@ -141,6 +155,15 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.stage == "drift":
         return importlib.import_module("tasks.validate.drift_cli").main(args)
+    if args.stage == "dataset":
+        # by name, as the champion command does: no stage's command loads it
+        infer_section = importlib.import_module("tasks.dataset").infer_section
+        try:
+            print(infer_section(args.table, args.images_dir, args.label), end="")
+        except StageError as e:
+            print(f"error: dataset infer: {e}", file=sys.stderr)
+            return 1
+        return 0
     if args.stage == "champion":
         try:
             result = run_champion(args)

@@ -10,11 +10,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from fusion_model.config import TrainConfig
+from fusion_model.dataset import DatasetSchema, ProblemType, SchemaError, resolve_schema
 
-LabelKind = Literal["binary", "multiclass"]
+# Before `dataset.label.problem_type` existed, three sections named the label kind; still accepted so old
+# params files and scripts keep working, and checked against the dataset's problem type.
+LegacyLabelKind = Literal["binary", "multiclass"]
 
 
 class _Section(BaseModel):
@@ -30,7 +33,7 @@ FEED_KEYS = {"batch", "drift", "drift_size", "batch_rows"}
 class SyntheticParams(_Section):
     n_train: int = Field(3000, ge=10, description="rows in train.csv")
     n_test: int = Field(1000, ge=10, description="rows in test.csv")
-    label_kind: LabelKind = Field("binary", description="binary 0/1 (tutorial) or multiclass 0-4 (Kaggle)")
+    label_kind: LegacyLabelKind | None = Field(None, description="deprecated: dataset.label.problem_type decides")
     image_size: int = Field(64, ge=8, le=1024, description="square JPEG side in pixels")
     seed: int = Field(42, description="same seed -> byte-identical files")
     # Arriving data: batch N > 0 lands N's new labelled rows (seeded by seed and N) and takes them in after
@@ -73,30 +76,32 @@ class DriftGateParams(_Section):
 
 
 class LocalParams(_Section):
-    """`source: local`: real PetFinder files already on disk, rewritten into the tutorial layout.
+    """`source: local`: a table already on disk (any dataset schema), rewritten into the layout validation reads.
 
-    `path` is a folder (tutorial layout: train.csv with an `Images` column, test.csv, images/; or Kaggle
-    layout: train.csv without `Images`, photos at train_images/<PetID>-<n>.jpg) or one CSV file."""
+    `path` is a CSV or Parquet file, or a folder with train.csv (+ a labelled test.csv); PetFinder's Kaggle
+    export (no image column, photos at train_images/<PetID>-<n>.jpg) is read too."""
 
-    path: Path | None = Field(None, description="folder (tutorial or Kaggle layout) or one CSV file; required")
+    path: Path | None = Field(None, description="a CSV or Parquet file, or a folder in a PetFinder layout; required")
     images_dir: Path | None = Field(
-        None, description="photos folder; null: images/ (tutorial) or train_images/ (Kaggle) beside the CSV, if present"
-    )
-    layout: Literal["auto", "tutorial", "kaggle"] = Field(
-        "auto", description="auto: tutorial when train.csv has an Images column, else kaggle"
-    )
-    test_fraction: float = Field(0.2, gt=0, lt=1, description="share of labelled rows split off when there is no labelled test.csv")
+        None, description="the images root the image cells are relative to; null: the table's folder (Kaggle "
+                          "layout: the photos folder, train_images/ beside the CSV)")
+    test_path: Path | None = Field(
+        None, description="a labelled test table (CSV or Parquet), used as the test set as it is; null: a seeded "
+                          "stratified split of the labelled rows")
+    layout: Literal["auto", "table", "kaggle"] = Field(
+        "auto", description="auto: kaggle for a PetFinder table without its image column (photos found by "
+                            "PetID), else table")
+    test_fraction: float = Field(0.2, gt=0, lt=1, description="share of labelled rows split off as the test set")
     seed: int = Field(42, description="seed of the stratified train/test split")
-    label_kind: LabelKind = Field("binary", description="binary 0/1 or multiclass 0-4 (set validate.label_kind to match)")
-    source_labels: Literal["auto", "binary", "speed"] = Field(
-        "auto", description="the file's labels: binary 0/1 (kept), speed 0-4 AdoptionSpeed codes; auto: binary iff only 0/1"
-    )
-    fast_max_speed: int = Field(2, ge=0, le=3, description="binary from speed codes: <= this -> 1 (fast), above -> 0")
-    drop_bad_pet_ids: bool = Field(False, description="drop rows whose PetID is not 9 lower-case hex digits (else refuse)")
-    encoding: str = Field("utf-8", description="encoding of the CSVs")
+    drop_bad_ids: bool = Field(
+        False, validation_alias=AliasChoices("drop_bad_ids", "drop_bad_pet_ids"),
+        description="rows whose id is empty, repeated or not of the dataset's id pattern (a spreadsheet's "
+                    "7.76E+08): false refuses the file naming the rows, true drops them")
+    encoding: str = Field("utf-8", description="encoding of CSV files")
     fallback_encoding: str | None = Field(
         "cp1252", description="decodes only the cells that are not valid `encoding`; null refuses them"
     )
+    label_kind: LegacyLabelKind | None = Field(None, description="deprecated: dataset.label.problem_type decides")
 
 
 class DownloadParams(_Section):
@@ -133,13 +138,16 @@ class DownloadParams(_Section):
 
 
 class ValidateParams(_Section):
-    dataset_dir: Path = Path("data/raw/petfinder_for_tutorial")
+    dataset_dir: Path = Path("data/raw/dataset")
     out_dir: Path = Path("data/validated")
     report_dir: Path = Path("reports")
-    label_kind: LabelKind = "binary"
     val_fraction: float = Field(0.2, gt=0, lt=1)
     seed: int = 42
     workers: int = Field(2, ge=1)
+    seen_codes_mostly: float = Field(
+        0.5, ge=0, le=1, description="test table: the share of each categorical column's values that must be "
+                                     "codes the training rows hold (fewer: the file does not match the training data)")
+    label_kind: LegacyLabelKind | None = Field(None, description="deprecated: dataset.label.problem_type decides")
 
 
 TrainParams = TrainConfig
@@ -161,6 +169,8 @@ class EvaluateParams(_Section):
     batch_size: int = Field(256, ge=1)
     baseline: bool = Field(True, description="fit the classical baseline on the same training rows and report it beside the model")
     seed: int = Field(42, description="the baseline's folds and trees")
+    primary_metric: str | None = Field(
+        None, description="the metric promotion compares; null: the problem type's (roc_auc, macro_f1, qwk, rmse)")
 
 
 class PromoteParams(_Section):
@@ -195,7 +205,53 @@ class VersionParams(_Section):
     lock_timeout_s: float = Field(1800, gt=0)
 
 
+class DatasetLabelParams(_Section):
+    column: str | None = None
+    problem_type: ProblemType | None = None
+    classes: list[int | str] | None = None
+    positive: list[int | str] | None = None
+    negative: list[int | str] | None = None
+    transform: Literal["none", "log1p"] | None = None
+    min_class_rows: int | None = None
+    rare_classes: Literal["merge", "refuse", "drop"] | None = None
+    other_class: str | None = None
+
+
+class DatasetColumnsParams(_Section):
+    image: list[str] | None = None
+    text: list[str] | None = None
+    categorical: list[str] | None = None
+    numerical: list[str] | None = None
+
+
+class DatasetParams(_Section):
+    """params.yaml `dataset:` as written: a preset and/or explicit keys (fusion_model/dataset.py). Every
+    stage reads the resolved schema (`.schema`); a null key keeps the preset's value."""
+
+    preset: str | None = Field("petfinder", description="a preset fills every key not given; null: all given here")
+    id: str | None = Field(None, description="unique row key; null: the file's index column, else the row number")
+    label: DatasetLabelParams | None = None
+    columns: DatasetColumnsParams | None = None
+    frequency: list[str] | None = Field(None, description="columns whose count among the training rows is an input")
+    checks: dict[str, Any] | None = Field(None, description="plausibility rules (fusion_model.dataset.Checks)")
+
+    @model_validator(mode="after")
+    def _resolves(self) -> DatasetParams:
+        try:
+            self.schema  # noqa: B018 -- fail at load time, naming the key
+        except SchemaError as e:
+            raise ValueError(str(e)) from None
+        return self
+
+    @property
+    def schema(self) -> DatasetSchema:
+        declared = self.model_dump(mode="json", exclude_unset=True)
+        declared.setdefault("preset", self.preset)
+        return resolve_schema(declared)
+
+
 class Params(_Section):
+    dataset: DatasetParams = DatasetParams()
     download: DownloadParams = DownloadParams()
     validate_: ValidateParams = Field(ValidateParams(), alias="validate")
     train: TrainParams = TrainParams()
@@ -209,6 +265,21 @@ class Params(_Section):
     @property
     def validate_params(self) -> ValidateParams:
         return self.validate_
+
+    @property
+    def schema(self) -> DatasetSchema:
+        return self.dataset.schema
+
+    @model_validator(mode="after")
+    def _label_kinds_agree(self) -> Params:
+        problem_type = self.dataset.schema.label.problem_type
+        for key, kind in (("download.synthetic.label_kind", self.download.synthetic.label_kind),
+                          ("download.local.label_kind", self.download.local.label_kind),
+                          ("validate.label_kind", self.validate_.label_kind)):
+            if kind is not None and not (kind == problem_type or (kind == "multiclass" and problem_type != "binary")):
+                raise ValueError(f"{key}: {kind} disagrees with dataset.label.problem_type {problem_type}; the dataset "
+                                 "section decides the label now: set dataset.label.problem_type and drop this key")
+        return self
 
 
 class ParamsError(ValueError):

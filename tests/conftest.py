@@ -25,7 +25,7 @@ def _isolated_prefect_home(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 @pytest.fixture(scope="session")
 def tiny_raw_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A generated `petfinder_for_tutorial` folder (240 train / 80 test rows, 32 px, binary, seed 0).
+    """A generated dataset folder (PetFinder preset) (240 train / 80 test rows, 32 px, binary, seed 0).
 
     Shared by the whole session: treat it as read-only (copy it with shutil.copytree to damage it).
     """
@@ -33,8 +33,8 @@ def tiny_raw_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tasks.params import SyntheticParams
 
     root = tmp_path_factory.mktemp("raw")
-    generate(root, SyntheticParams(n_train=240, n_test=80, image_size=32, label_kind="binary", seed=0))
-    return root / "petfinder_for_tutorial"
+    generate(root, SyntheticParams(n_train=240, n_test=80, image_size=32, seed=0), "binary")
+    return root / "dataset"
 
 
 @pytest.fixture(scope="session")

@@ -13,9 +13,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from fusion_model import schema
+from fusion_model.dataset import split_images
 from tasks.download import download
 from tasks.download.batches import DriftGateError, last_batch_seen
+from tasks.download.manifest import DATASET_DIRNAME
 from tasks.params import DownloadParams, SyntheticParams, ValidateParams
 from tasks.validate import ValidationError, validate
 
@@ -53,7 +54,7 @@ def accumulated(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 def test_each_batch_joins_the_accumulated_data(accumulated: dict) -> None:
     root = accumulated["root"]
-    dataset = root / "data/raw" / schema.DATASET_DIRNAME
+    dataset = root / "data/raw" / DATASET_DIRNAME
     train = pd.read_csv(dataset / "train.csv", index_col=0)
     held = int(round(BATCH_ROWS * 0.2))
     assert len(train) == 1500 + 3 * (BATCH_ROWS - held)
@@ -66,7 +67,7 @@ def test_each_batch_joins_the_accumulated_data(accumulated: dict) -> None:
     assert manifest["rows"]["train"] == len(train)
     assert _drift(root)["passed"] is True and _drift(root)["batch"] == 3 and _drift(root)["drifted"] == []
     # every image a row names is in the accumulated dataset
-    missing = [p for cell in train["Images"] for p in schema.split_images(cell) if not (dataset / p).is_file()]
+    missing = [p for cell in train["Images"] for p in split_images(cell) if not (dataset / p).is_file()]
     assert missing == []
     trees = accumulated["trees"]
     assert all(set(trees[n]) < set(trees[n + 1]) for n in (0, 1, 2))  # it only grows
@@ -116,7 +117,7 @@ def test_a_batch_with_broken_photos_is_refused_by_validation(accumulated: dict, 
 def test_validate_writes_the_newest_holdout_beside_the_frozen_test_set(accumulated: dict, tmp_path: Path) -> None:
     root = accumulated["root"]
     out = tmp_path / "validated"
-    summary = validate(ValidateParams(dataset_dir=root / "data/raw" / schema.DATASET_DIRNAME, out_dir=out,
+    summary = validate(ValidateParams(dataset_dir=root / "data/raw" / DATASET_DIRNAME, out_dir=out,
                                       report_dir=tmp_path / "reports", workers=1))
     held = int(round(BATCH_ROWS * 0.2))
     assert summary.rows["holdout"] == held and summary.rows["test"] == 300

@@ -379,7 +379,7 @@ def test_model_prefix_default_is_the_lightning_modules_attribute() -> None:
 
     module = FusionModule({"image_model": "test_resnet", "cat_cardinalities": [3], "n_numeric": 1, "num_classes": 2,
                            "image_size": 32, "text_buckets": 64, "cat_dim": 2, "adapter_dim": 4,
-                           "hidden_sizes": [4]}, label_kind="binary", lr=1e-3, weight_decay=0.0)
+                           "hidden_sizes": [4]}, lr=1e-3, weight_decay=0.0)
     keys = list(module.state_dict())
     assert keys and all(k.startswith(ConvertParams().model_prefix) for k in keys), keys[:5]
     assert ConvertParams().model_prefix == MODEL_PREFIX

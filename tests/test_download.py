@@ -16,8 +16,9 @@ import pytest
 import yaml
 from zip_server import ZipServer, zip_of
 
-from fusion_model import schema
 from tasks.download import download
+from tasks.download.manifest import DATASET_DIRNAME
+from tasks.download.url import ARCHIVE_DIRNAME
 from tasks.errors import StageError, TransientError
 from tasks.params import DownloadParams, SyntheticParams
 
@@ -40,7 +41,7 @@ def tutorial_zip(tiny_raw_dataset: Path) -> bytes:
 def _zip_with(member: zipfile.ZipInfo, data: bytes = b"x") -> bytes:
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as zf:
-        zf.writestr(f"{schema.DATASET_DIRNAME}/train.csv", ",Type\n0,1\n")
+        zf.writestr(f"{ARCHIVE_DIRNAME}/train.csv", ",Type\n0,1\n")
         zf.writestr(member, data)
     return buf.getvalue()
 
@@ -88,16 +89,16 @@ def test_url_download_writes_layout_and_manifest(
     out = tmp_path / "data" / "raw"
     summary = download(_params(server.url("/petfinder.zip"), out, sha256=_sha(tutorial_zip).upper()))
 
-    assert _tree(out / schema.DATASET_DIRNAME) == _tree(tiny_raw_dataset)
+    assert _tree(out / DATASET_DIRNAME) == _tree(tiny_raw_dataset)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["source"] == "url" and manifest["url"] == server.url("/petfinder.zip")
     assert manifest["sha256"] == _sha(tutorial_zip) == summary.sha256
     assert manifest["rows"] == {"train": 240, "test": 80} == summary.rows
     assert sum(manifest["label_counts"]["train"].values()) == 240
     assert set(manifest["label_counts"]["test"]) == {"0", "1"}
-    assert manifest["files"] == _tree(out / schema.DATASET_DIRNAME)
+    assert manifest["files"] == _tree(out / DATASET_DIRNAME)
     assert summary.attempts == 1 and server.hits["/petfinder.zip"] == 1
-    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", schema.DATASET_DIRNAME]
+    assert sorted(p.name for p in out.iterdir()) == sorted(["manifest.json", DATASET_DIRNAME])
     _assert_nothing_left_beside(out)
 
 
@@ -119,7 +120,7 @@ def test_transient_503_is_retried_then_succeeds(server: ZipServer, tutorial_zip:
     summary = download(_params(server.url("/petfinder.zip"), tmp_path / "raw"))
     assert server.hits["/petfinder.zip"] == 3
     assert summary.attempts == 3
-    assert (tmp_path / "raw" / schema.DATASET_DIRNAME / "train.csv").is_file()
+    assert (tmp_path / "raw" / DATASET_DIRNAME / "train.csv").is_file()
 
 
 def test_short_body_and_read_timeout_are_retried(server: ZipServer, tutorial_zip: bytes, tmp_path: Path) -> None:
@@ -158,7 +159,7 @@ def test_unreachable_server_names_url_and_fix(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("member", "reason"),
     [
-        (zipfile.ZipInfo(f"{schema.DATASET_DIRNAME}/../../evil.txt"), "zip-slip"),
+        (zipfile.ZipInfo(f"{ARCHIVE_DIRNAME}/../../evil.txt"), "zip-slip"),
         (zipfile.ZipInfo("../evil.txt"), "zip-slip"),
         (zipfile.ZipInfo("/tmp/evil.txt"), "absolute path"),
     ],
@@ -178,7 +179,7 @@ def test_members_escaping_the_target_are_refused_before_extraction(
 
 
 def test_symlink_member_is_refused(server: ZipServer, tmp_path: Path) -> None:
-    link = zipfile.ZipInfo(f"{schema.DATASET_DIRNAME}/images/a.jpg")
+    link = zipfile.ZipInfo(f"{ARCHIVE_DIRNAME}/images/a.jpg")
     link.external_attr = (stat.S_IFLNK | 0o777) << 16
     server.routes["/link.zip"] = _zip_with(link, b"/etc/passwd")
     with pytest.raises(StageError, match=r"'petfinder_for_tutorial/images/a.jpg' is a symbolic link"):
@@ -225,7 +226,7 @@ def test_success_replaces_the_previous_tree_entirely(tmp_path: Path) -> None:
     (out / "stale" / "old.txt").write_text("from an earlier run")
     small = SyntheticParams(n_train=20, n_test=10, image_size=8, seed=1)
     summary = download(DownloadParams(out_dir=out, synthetic=small))
-    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", schema.DATASET_DIRNAME]
+    assert sorted(p.name for p in out.iterdir()) == sorted(["manifest.json", DATASET_DIRNAME])
     assert summary.source == "synthetic" and summary.rows == {"train": 20, "test": 10}
     _assert_nothing_left_beside(out)
 
@@ -237,7 +238,7 @@ def test_synthetic_download_manifest_is_deterministic_and_hashes_every_file(tmp_
     assert _tree(tmp_path / "a") == _tree(tmp_path / "b")
     manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
     assert manifest["source"] == "synthetic" and manifest["synthetic"]["seed"] == 5
-    assert manifest["files"] == _tree(tmp_path / "a" / schema.DATASET_DIRNAME)
+    assert manifest["files"] == _tree(tmp_path / "a" / DATASET_DIRNAME)
     assert manifest["rows"] == {"train": 30, "test": 10}
 
 
@@ -256,7 +257,7 @@ def test_cli_writes_the_layout_offline(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["rows"] == {"train": 40, "test": 12}
     for name in ("train.csv", "test.csv", "images"):
-        assert (out / schema.DATASET_DIRNAME / name).exists()
+        assert (out / DATASET_DIRNAME / name).exists()
     assert (out / "manifest.json").is_file()
 
 

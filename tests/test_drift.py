@@ -16,7 +16,8 @@ import pandas as pd
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from fusion_model.schema import CATEGORICAL_COLUMNS, IMAGES, LABEL, NUMERIC_COLUMNS
+from fusion_model.dataset import resolve_schema
+from fusion_model.presets.petfinder import CATEGORICAL_COLUMNS, IMAGES, LABEL, NUMERIC_COLUMNS, TEXT_COLUMNS
 from tasks.validate.drift import (
     MISSING_IMAGES,
     CategoricalDrift,
@@ -27,12 +28,11 @@ from tasks.validate.drift import (
     render_drift_markdown,
     write_drift_report,
 )
-from tasks.validate.drift_petfinder import petfinder_columns
 from tasks.validate.drift_stats import DriftColumns, holm
 
 ROOT = Path(__file__).resolve().parents[1]
 THRESHOLDS = DriftThresholds()
-COLUMNS = petfinder_columns("binary")
+COLUMNS = DriftColumns.from_schema(resolve_schema({"preset": "petfinder"}))
 BATCH_ROWS = 600
 
 
@@ -48,12 +48,12 @@ def generated(tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("drift")
     generate(root / "raw", SyntheticParams(n_train=3000, n_test=1000, image_size=16, seed=3))
     out = root / "validated"
-    validate(ValidateParams(dataset_dir=root / "raw" / "petfinder_for_tutorial", out_dir=out,
+    validate(ValidateParams(dataset_dir=root / "raw" / "dataset", out_dir=out,
                             report_dir=root / "reports"))
     reference = pd.concat([pd.read_parquet(out / "train.parquet"), pd.read_parquet(out / "val.parquet")],
                           ignore_index=True)
     return {"reference": reference, "pool": pd.read_parquet(out / "test.parquet"),
-            "raw": root / "raw" / "petfinder_for_tutorial"}
+            "raw": root / "raw" / "dataset"}
 
 
 @pytest.fixture
@@ -75,7 +75,7 @@ def shift_age(batch: pd.DataFrame) -> pd.DataFrame:
 def unseen_codes(batch: pd.DataFrame) -> pd.DataFrame:
     """30% of rows get FurLength 0 and MaturitySize 0: valid codes ("not specified") never generated."""
     rows = np.random.default_rng(0).permutation(len(batch))[: int(0.3 * len(batch))]
-    batch.loc[rows, ["FurLength", "MaturitySize"]] = 0
+    batch.loc[rows, ["FurLength", "MaturitySize"]] = "0"
     return batch
 
 
@@ -98,7 +98,7 @@ def test_same_distribution_batches_pass(reference: pd.DataFrame, generated: dict
         report = drift_gate(reference, pool.iloc[rows], COLUMNS, THRESHOLDS)
         assert report.passed and report.drifted == [] and report.warnings == [], report.reason
         assert report.skipped == {}
-        assert set(report.columns) == {*NUMERIC_COLUMNS, "Description_length", *CATEGORICAL_COLUMNS, LABEL,
+        assert set(report.columns) == {*NUMERIC_COLUMNS, *(f"{c}_length" for c in TEXT_COLUMNS), *CATEGORICAL_COLUMNS, LABEL,
                                        MISSING_IMAGES}
         tests = [t for c in report.columns.values() for t in c.tests]
         assert report.tests == len(tests) and all(t.p_adjusted > THRESHOLDS.alpha_warn for t in tests)
@@ -127,7 +127,7 @@ def test_unseen_codes_fail_and_are_listed(reference: pd.DataFrame, batch: pd.Dat
         assert isinstance(col, CategoricalDrift)
         assert col.unseen_share == pytest.approx(0.3) and col.decisive.test == "unseen_binomial"
         assert col.expected_unseen_share < 0.01  # no rare codes in the reference: new ones are not chance
-        assert [(u.code, u.rows) for u in col.unseen_codes] == [(0, int(0.3 * BATCH_ROWS))]
+        assert [(u.code, u.rows) for u in col.unseen_codes] == [("0", int(0.3 * BATCH_ROWS))]
         shares = next(t for t in col.tests if t.test == "chi2")
         assert shares.status == "ok"  # the rows with known codes keep their shares
     assert f"0 ({int(0.3 * BATCH_ROWS)})" in report.reason
@@ -140,7 +140,7 @@ def test_numeric_and_categorical_drift_together(reference: pd.DataFrame, batch: 
 
 def test_shifted_code_shares_fail_on_that_column(reference: pd.DataFrame, batch: pd.DataFrame) -> None:
     """Codes the reference has, in other shares: the chi-square over the known codes decides."""
-    batch["Gender"] = np.where(np.arange(len(batch)) % 4 == 0, 3, 1)  # 25 % mixed, 75 % male
+    batch["Gender"] = np.where(np.arange(len(batch)) % 4 == 0, "3", "1")  # 25 % mixed, 75 % male
     report = drift_gate(reference, batch, COLUMNS, THRESHOLDS)
     assert report.drifted == ["Gender"], report.reason
     gender = report.columns["Gender"]
@@ -163,7 +163,7 @@ def test_multiclass_label_gates_the_class_shares(reference: pd.DataFrame, batch:
     reference = reference.assign(**{LABEL: np.arange(len(reference)) % 5})
     speeds = np.arange(len(batch)) % 5
     speeds[speeds == 4] = 0  # class 4 (never adopted) vanishes into class 0
-    report = drift_gate(reference, batch.assign(**{LABEL: speeds}), petfinder_columns("multiclass"), THRESHOLDS)
+    report = drift_gate(reference, batch.assign(**{LABEL: speeds}), DriftColumns.from_schema(resolve_schema({"preset": "petfinder", "label": {"problem_type": "multiclass"}})), THRESHOLDS)
     assert_fails_on(report, LABEL)
     label = report.columns[LABEL]
     assert label.decisive.test == "chi2" and label.decisive.effect_size == pytest.approx(0.2)
@@ -184,7 +184,7 @@ def test_columns_come_by_role_not_from_the_petfinder_schema(reference: pd.DataFr
     names = {"Age": "age_months", "Color1": "colour", "Description": "review", LABEL: "price"}
     roles = DriftColumns(numeric=("age_months",), categorical=("colour",), text_length=("review",), label="price",
                          problem_type="regression")
-    words = {c: f"colour-{c}" for c in range(8)}
+    words = {str(c): f"colour-{c}" for c in range(8)}
     ref = reference.rename(columns=names).assign(colour=lambda t: t["colour"].map(words),
                                                  price=lambda t: t["age_months"] * 3.0)
     new = shift_age(batch).rename(columns=names).assign(colour=lambda t: t["colour"].map(words),
@@ -224,7 +224,7 @@ def test_report_files(reference: pd.DataFrame, batch: pd.DataFrame, tmp_path: Pa
     assert sorted(data["drifted"]) == ["Age", "FurLength", "MaturitySize"]
     assert {"warned", "warnings", "reason", "reference_rows", "batch_rows", "thresholds", "columns", "tests"} <= set(data)
     assert data["thresholds"] == THRESHOLDS.model_dump() and data["batch_rows"] == BATCH_ROWS
-    assert data["columns"]["FurLength"]["unseen_codes"] == [{"code": 0, "rows": 180}]
+    assert data["columns"]["FurLength"]["unseen_codes"] == [{"code": "0", "rows": 180}]
     assert DriftReport.model_validate(data) == report  # round trip, kinds included
     markdown = paths[1].read_text()
     assert markdown == render_drift_markdown(report)
@@ -354,8 +354,6 @@ def test_cli_exit_1_for_a_drifted_batch_with_passed_first(tables: dict[str, Path
                                  r"'three', row 10: '7 months'\)\. Write plain numbers"),
     ("reference", "few", (), r"few\.csv: 20 rows, fewer than download\.drift_gate\.min_rows=50: too few to judge "
                              r"drift \(--batch\); pass a larger table"),
-    ("reference", "speeds", (), r"column 'AdoptionSpeed' has 5 classes \(0, 1, 2, 3, 4\), but the label is "
-                                r"binary\. Pass --label-kind multiclass"),
     ("reference", "other", (), r"other\.csv: none of the dataset's columns \(Age, .*\) is in its header "
                                r"\(sku, price\)"),
     ("reference", "codes", (), r"codes\.csv: column 'Breed1' has 1 cell\(s\) that are not whole-number codes "
@@ -377,5 +375,8 @@ def test_cli_exit_2_for_bad_input_naming_the_file_and_the_fix(
 
 def test_cli_multiclass_label_kind(tables: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     """The 0-4 speeds against a 0/1 reference, as multiclass: a drift of the label, not a bad input."""
-    assert _drift(tables, "reference", "speeds", "--label-kind", "multiclass", "--json") == 1
+    assert _drift(tables, "reference", "speeds", "--problem-type", "multiclass", "--json") == 1
     assert LABEL in json.loads(capsys.readouterr().out)["drifted"]
+    # as binary, the 0-4 speeds become 0/1 by the schema's label.positive, as validation reads them
+    assert _drift(tables, "reference", "speeds", "--json") in (0, 1)
+    assert LABEL in json.loads(capsys.readouterr().out)["columns"]

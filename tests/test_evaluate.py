@@ -1,4 +1,5 @@
-"""Evaluation: metrics equal scikit-learn's, every output file is written and readable, clear errors."""
+"""Evaluation: metrics equal scikit-learn's for each problem type, every output file is written and
+readable, lower-is-better metrics compare the right way, clear errors."""
 
 from __future__ import annotations
 
@@ -10,14 +11,27 @@ import numpy as np
 import pandas as pd
 import pytest
 from PIL import Image
-from sklearn.metrics import accuracy_score, cohen_kappa_score, f1_score, log_loss, roc_auc_score
+from sklearn.metrics import (
+    accuracy_score,
+    cohen_kappa_score,
+    f1_score,
+    log_loss,
+    mean_absolute_error,
+    r2_score,
+    roc_auc_score,
+)
 
+from fusion_model.dataset import resolve_schema
+from fusion_model.metrics import compute_metrics
+from fusion_model.predict import Predictions
 from tasks.errors import StageError
 from tasks.evaluate import OUTPUT_FILES, evaluate, render_markdown
-from tasks.evaluate.inputs import check_model_dir, load_test_set
-from tasks.evaluate.metrics import compute_metrics, fingerprint_test_set, primary_score
+from tasks.evaluate.inputs import TestSet, check_model_dir, load_test_set
+from tasks.evaluate.metrics import fingerprint_test_set, primary_score
 from tasks.evaluate.stage import write_evaluation
 from tasks.params import EvaluateParams
+
+CLASSES = {"binary": [0, 1], "multiclass": ["Fall", "Spring", "Summer", "Winter"], "ordinal": [1, 2, 3, 4, 5]}
 
 
 def _binary_case(n: int = 200, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -27,130 +41,192 @@ def _binary_case(n: int = 200, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return y, np.stack([1 - p1, p1], axis=1)
 
 
-def _multiclass_case(n: int = 300, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
+def _classes_case(k: int, n: int = 300, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
-    y = rng.integers(0, 5, n)
-    logits = rng.normal(0, 1, (n, 5))
+    y = rng.integers(0, k, n)
+    logits = rng.normal(0, 1, (n, k))
     logits[np.arange(n), y] += 1.5
-    proba = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
-    return y, proba
+    return y, np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+
+
+def _predictions(kind: str, seed: int = 0) -> tuple[np.ndarray, Predictions]:
+    """Labels (class indices, or values) and what a model predicted for them."""
+    if kind == "binary":
+        y, proba = _binary_case(seed=seed)
+        return y, Predictions(prediction=proba.argmax(1), proba=proba, score=proba[:, 1])
+    if kind == "regression":
+        rng = np.random.default_rng(seed)
+        y = rng.gamma(2.0, 50.0, 250)
+        return y, Predictions(prediction=y + rng.normal(0, 20, len(y)), proba=None, score=None)
+    y, proba = _classes_case(len(CLASSES[kind]), seed=seed)
+    expected = (proba * np.arange(proba.shape[1])).sum(1)
+    return y, Predictions(prediction=proba.argmax(1), proba=proba, score=expected if kind == "ordinal" else None)
 
 
 def test_binary_metrics_equal_sklearn() -> None:
-    y, proba = _binary_case()
-    got = compute_metrics(y, proba, [0, 1], "binary")
-    pred = proba.argmax(axis=1)
+    y, out = _predictions("binary")
+    got = compute_metrics(y, out.prediction, "binary", 2, out.proba)
     assert got == {
-        "accuracy": accuracy_score(y, pred),
-        "roc_auc": roc_auc_score(y, proba[:, 1]),
-        "log_loss": pytest.approx(log_loss(y, proba), rel=1e-12),
-        "f1": f1_score(y, pred),
+        "roc_auc": roc_auc_score(y, out.proba[:, 1]),
+        "accuracy": accuracy_score(y, out.prediction),
+        "f1": f1_score(y, out.prediction),
+        "log_loss": pytest.approx(log_loss(y, out.proba), rel=1e-12),
     }
-    # A model that returns only P(class 1) scores the same.
-    assert compute_metrics(y, proba[:, 1], [0, 1], "binary") == got
-    assert primary_score(y, proba, [0, 1], "binary") == roc_auc_score(y, proba[:, 1])
+    assert list(got) == ["roc_auc", "accuracy", "f1", "log_loss"]  # the primary first
+    assert primary_score(y, out, "binary", 2) == roc_auc_score(y, out.proba[:, 1])
 
 
-def test_multiclass_metrics_equal_sklearn() -> None:
-    y, proba = _multiclass_case()
-    got = compute_metrics(y, proba, [0, 1, 2, 3, 4], "multiclass")
-    pred = proba.argmax(axis=1)
-    assert got == {
-        "accuracy": accuracy_score(y, pred),
-        "quadratic_weighted_kappa": cohen_kappa_score(y, pred, weights="quadratic"),
-        "roc_auc_ovr_macro": roc_auc_score(y, proba, multi_class="ovr", average="macro"),
+def test_multiclass_ordinal_and_regression_metrics_equal_sklearn() -> None:
+    y, out = _predictions("multiclass")
+    assert compute_metrics(y, out.prediction, "multiclass", 4, out.proba) == {
+        "macro_f1": f1_score(y, out.prediction, average="macro"),
+        "accuracy": accuracy_score(y, out.prediction),
+        "log_loss": pytest.approx(log_loss(y, out.proba), rel=1e-12),
     }
-    assert 0.2 < got["quadratic_weighted_kappa"] < 1
+    y, out = _predictions("ordinal")
+    got = compute_metrics(y, out.prediction, "ordinal", 5, out.proba)
+    assert got == {"qwk": cohen_kappa_score(y, out.prediction, weights="quadratic"),
+                   "accuracy": accuracy_score(y, out.prediction), "mae": mean_absolute_error(y, out.prediction)}
+    assert 0.2 < got["qwk"] < 1
+    y, out = _predictions("regression")
+    got = compute_metrics(y, out.prediction, "regression")
+    assert got == {"rmse": pytest.approx(np.sqrt(np.mean((y - out.prediction) ** 2))),
+                   "mae": mean_absolute_error(y, out.prediction), "r2": r2_score(y, out.prediction)}
 
 
-def test_undefined_primary_metric_and_wrong_shape_are_explained() -> None:
+def test_undefined_primary_metric_and_non_finite_output_are_explained() -> None:
     y = np.zeros(10, dtype=int)
-    proba = np.full((10, 2), 0.5)
-    assert compute_metrics(y, proba, [0, 1], "binary")["roc_auc"] is None
+    out = Predictions(prediction=np.zeros(10, dtype=int), proba=np.full((10, 2), 0.5), score=np.full(10, 0.5))
+    assert compute_metrics(y, out.prediction, "binary", 2, out.proba)["roc_auc"] is None
     with pytest.raises(StageError, match=r"roc_auc is undefined on this test set \(label counts \{0: 10\}\)"):
-        primary_score(y, proba, [0, 1], "binary")
-    with pytest.raises(StageError, match=r"shape \(10, 2\).*classes \[0, 1, 2, 3, 4\].*Retrain"):
-        compute_metrics(y, proba, [0, 1, 2, 3, 4], "multiclass")
-    with pytest.raises(StageError, match=r"test labels \[7\] are not among the model's classes"):
-        compute_metrics(np.full(10, 7), proba, [0, 1], "binary")
+        primary_score(y, out, "binary", 2)
+    bad = Predictions(prediction=np.full(10, np.nan), proba=None, score=None)
+    with pytest.raises(StageError, match=r"non-finite prediction \(row position 0\).*corrupt or diverged"):
+        primary_score(np.ones(10), bad, "regression", 0)
+    with pytest.raises(ValueError, match=r"metric 'rmse' is not computed for a binary label"):
+        primary_score(np.array([0, 1]), out, "binary", 2, "rmse")
 
 
 def test_fingerprint_ignores_row_order_but_not_content() -> None:
     table = pd.DataFrame({"row_id": [3, 1, 2], "Age": [4, 5, 6], "AdoptionSpeed": [0, 1, 1]})
     same = table.iloc[[2, 0, 1]][["AdoptionSpeed", "row_id", "Age"]]
-    assert fingerprint_test_set(table) == fingerprint_test_set(same)
+    assert fingerprint_test_set(table, "AdoptionSpeed") == fingerprint_test_set(same, "AdoptionSpeed")
     relabelled = table.assign(AdoptionSpeed=[1, 1, 1])
     changed = table.assign(Age=[4, 5, 7])
-    assert len({fingerprint_test_set(t) for t in (table, relabelled, changed)}) == 3
+    assert len({fingerprint_test_set(t, "AdoptionSpeed") for t in (table, relabelled, changed)}) == 3
 
 
-def _write_fixed(out_dir: Path, kind: str) -> dict:
-    y, proba = _binary_case() if kind == "binary" else _multiclass_case()
-    classes = [0, 1] if kind == "binary" else [0, 1, 2, 3, 4]
+def _test_set(kind: str, y: np.ndarray) -> TestSet:
+    label = {"binary": "AdoptionSpeed", "multiclass": "season", "ordinal": "Rating", "regression": "Fee"}[kind]
+    schema = resolve_schema({"preset": None, "id": "key", "columns": {"numerical": ["x"]},
+                             "label": {"column": label, "problem_type": kind}})
+    classes = CLASSES.get(kind, [])
+    values = np.asarray(classes, dtype=object)[y] if classes else y
+    table = pd.DataFrame({"row_id": np.arange(100, 100 + len(y)), "key": [f"k{i}" for i in range(len(y))],
+                          "x": 0.0, label: values})
+    return TestSet(table=table, meta={}, images_root=Path("."), schema=schema, problem_type=kind, classes=classes)
+
+
+def _write_fixed(out_dir: Path, kind: str, baseline: bool = False) -> dict:
+    y, out = _predictions(kind)
+    test = _test_set(kind, y)
     rng = np.random.default_rng(2)
-    # Masking a modality blurs the probabilities towards uniform: the score drops.
-    masked = {m: 0.5 * proba + 0.5 * rng.dirichlet(np.ones(len(classes)), len(y)) for m in ("image", "text")}
-    masked["tabular"] = proba
+    if kind == "regression":  # masking a modality adds error
+        masked = {m: Predictions(prediction=out.prediction + rng.normal(0, 30, len(y)), proba=None, score=None)
+                  for m in ("image", "text")}
+    else:  # masking a modality blurs the probabilities towards uniform: the score drops
+        k = len(CLASSES[kind])
+        masked = {}
+        for m in ("image", "text"):
+            blurred = 0.5 * out.proba + 0.5 * rng.dirichlet(np.ones(k), len(y))
+            masked[m] = Predictions(prediction=blurred.argmax(1), proba=blurred, score=None)
+    masked["tabular"] = out
     out_dir.mkdir()
     provenance = {"test_set": {"fingerprint": "sha256:x"}, "model": {"sha256": "y"}}
-    content = write_evaluation(out_dir, np.arange(100, 100 + len(y)), y, proba, masked, classes, kind, provenance)
-    return {"y": y, "proba": proba, "classes": classes, "content": content}
+    other = _predictions(kind, seed=5)[1] if baseline else None
+    content = write_evaluation(out_dir, test, out, masked, provenance, baseline=other)
+    return {"y": y, "out": out, "test": test, "content": content, "baseline": other}
 
 
-@pytest.mark.parametrize("kind", ["binary", "multiclass"])
+@pytest.mark.parametrize("kind", ["binary", "multiclass", "ordinal", "regression"])
 def test_write_evaluation_writes_every_file(tmp_path: Path, kind: str) -> None:
     case = _write_fixed(tmp_path / "eval", kind)
-    out = tmp_path / "eval"
+    out, y, test = tmp_path / "eval", case["y"], case["test"]
     assert sorted(p.name for p in out.iterdir()) == sorted(OUTPUT_FILES)
 
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics == case["content"]
-    assert metrics["metrics"] == compute_metrics(case["y"], case["proba"], case["classes"], kind)
-    name = "roc_auc" if kind == "binary" else "quadratic_weighted_kappa"
-    assert metrics["primary_metric"] == {"name": name, "value": metrics["metrics"][name], "greater_is_better": True}
-    assert metrics["rows"] == len(case["y"])
-    assert sum(metrics["label_counts"].values()) == len(case["y"])
-    assert metrics["label_counts"]["1"] == int((case["y"] == 1).sum())
-    assert metrics["test_set"]["fingerprint"] == "sha256:x"
+    k = len(CLASSES.get(kind, []))
+    assert metrics["metrics"] == compute_metrics(y, case["out"].prediction, kind, k, case["out"].proba)
+    name = {"binary": "roc_auc", "multiclass": "macro_f1", "ordinal": "qwk", "regression": "rmse"}[kind]
+    assert metrics["primary_metric"] == {"name": name, "value": metrics["metrics"][name],
+                                         "greater_is_better": kind != "regression"}
+    assert metrics["rows"] == len(y) and metrics["problem_type"] == kind and metrics["test_set"]["fingerprint"] == "sha256:x"
+    if kind == "regression":
+        assert metrics["label_summary"]["mean"] == pytest.approx(float(np.mean(y)))
+    else:
+        assert sum(metrics["label_counts"].values()) == len(y)
+        assert metrics["label_counts"][str(CLASSES[kind][1])] == int((y == 1).sum())
 
-    preds = pd.read_csv(out / "predictions.csv")
-    prob_cols = [f"proba_{c}" for c in case["classes"]]
-    assert list(preds.columns) == ["row_id", *prob_cols, "prediction", "label"]
-    np.testing.assert_array_equal(preds[prob_cols].to_numpy(), case["proba"])  # full precision round trip
-    np.testing.assert_array_equal(preds["label"], case["y"])
-    assert preds["row_id"].tolist() == list(range(100, 100 + len(case["y"])))
+    preds = pd.read_csv(out / "predictions.csv", keep_default_na=False)
+    assert list(preds.columns[:4]) == ["row_id", "key", "label", "prediction"]
+    assert preds["row_id"].tolist() == list(range(100, 100 + len(y)))
+    if kind == "regression":
+        np.testing.assert_allclose(preds["prediction"], case["out"].prediction)
+    else:
+        assert (preds["prediction"].astype(str) == test.values(case["out"].prediction).astype(str)).all()
+        prob_cols = [f"proba_{c}" for c in CLASSES[kind]]
+        np.testing.assert_array_equal(preds[prob_cols].to_numpy(), case["out"].proba)  # full precision round trip
+        assert ("score" in preds.columns) == (kind == "ordinal")
 
     ablation = json.loads((out / "ablation.json").read_text())
     assert ablation["metric"] == name and ablation["full"] == metrics["primary_metric"]["value"]
     assert set(ablation["modalities"]) == {"image", "tabular", "text"}
     assert ablation["modalities"]["tabular"]["drop"] == 0.0
-    assert ablation["modalities"]["image"]["drop"] > 0
+    assert ablation["modalities"]["image"]["drop"] > 0  # worse is a positive drop, rmse included
     entry = ablation["modalities"]["text"]
-    assert entry["drop"] == pytest.approx(ablation["full"] - entry["score"])
+    direction = 1 if kind != "regression" else -1
+    assert entry["drop"] == pytest.approx(direction * (ablation["full"] - entry["score"]))
 
-    roc = pd.read_csv(out / "roc.csv")
-    assert list(roc.columns) == ["fpr", "tpr", "threshold"]
-    assert roc.fpr.is_monotonic_increasing and roc.tpr.is_monotonic_increasing
-    assert (roc.fpr.iloc[0], roc.tpr.iloc[-1]) == (0, 1)
-    confusion = pd.read_csv(out / "confusion.csv")
-    assert list(confusion.columns) == ["actual", "predicted"] and len(confusion) == len(case["y"])
-    assert (confusion.predicted == preds.prediction).all()
-    for png in ("roc.png", "confusion_matrix.png"):
-        with Image.open(out / png) as im:
+    plots = out / "plots"
+    if kind == "regression":
+        residuals = pd.read_csv(plots / "residuals.csv")
+        assert list(residuals.columns) == ["actual", "predicted"] and len(residuals) == len(y)
+        pngs = ("predicted_vs_actual.png", "residuals.png")
+        assert not (plots / "roc.csv").exists()
+    else:
+        roc = pd.read_csv(plots / "roc.csv")
+        assert list(roc.columns) == ["fpr", "tpr", "threshold"]
+        assert roc.fpr.is_monotonic_increasing and roc.tpr.is_monotonic_increasing
+        assert (roc.fpr.iloc[0], roc.tpr.iloc[-1]) == (0, 1)
+        confusion = pd.read_csv(plots / "confusion.csv", keep_default_na=False)
+        assert list(confusion.columns) == ["actual", "predicted"] and len(confusion) == len(y)
+        assert (confusion.predicted.astype(str) == preds.prediction.astype(str)).all()
+        pngs = ("roc.png", "confusion_matrix.png")
+    for png in pngs:
+        with Image.open(plots / png) as im:
             assert im.format == "PNG" and im.size[0] >= 400
+
+
+def test_a_lower_is_better_metric_improves_downwards(tmp_path: Path) -> None:
+    case = _write_fixed(tmp_path / "eval", "regression", baseline=True)
+    vs = case["content"]["vs_baseline"]
+    assert vs["metric"] == "rmse" and vs["delta"] == vs["model"] - vs["baseline"]
+    assert vs["improvement"] == pytest.approx(vs["baseline"] - vs["model"])
+    assert render_markdown(case["content"]).count("(lower is better)") == 1
 
 
 def test_render_markdown_lists_metrics_counts_and_ablation(tmp_path: Path) -> None:
     case = _write_fixed(tmp_path / "eval", "binary")
     ablation = json.loads((tmp_path / "eval" / "ablation.json").read_text())
-    text = render_markdown(case["content"], ablation, plots=[tmp_path / "eval" / "roc.png"])
+    text = render_markdown(case["content"], ablation, plots=[tmp_path / "eval" / "plots" / "roc.png"])
     m = case["content"]["metrics"]
     assert f"| **roc_auc** (primary) | {m['roc_auc']:.4f} |" in text
     assert f"| log_loss | {m['log_loss']:.4f} |" in text
     counts = case["content"]["label_counts"]
-    assert f"Test rows: 200 (label counts 0: {counts['0']}, 1: {counts['1']})" in text
+    assert f"Test rows: 200 (binary label, counts 0: {counts['0']}, 1: {counts['1']})" in text
     assert f"| image | {ablation['modalities']['image']['score']:.4f} |" in text
-    assert f"Plots (open offline): `{tmp_path / 'eval' / 'roc.png'}`" in text
+    assert f"Plots (open offline): `{tmp_path / 'eval' / 'plots' / 'roc.png'}`" in text
 
 
 @pytest.mark.parametrize("missing", ["model.safetensors", "model_config.json", "manifest.json"])
@@ -172,9 +248,9 @@ def test_missing_model_folder_and_test_set_are_explained(tmp_path: Path) -> None
         check_model_dir(tmp_path / "model")
     with pytest.raises(StageError, match=r"meta\.json: missing\. Run `python -m tasks validate`"):
         load_test_set(tmp_path)
-    (tmp_path / "meta.json").write_text(
-        json.dumps({"dataset_root": "../raw", "label": "AdoptionSpeed", "label_kind": "binary", "classes": [0, 1]})
-    )
+    schema = resolve_schema({"preset": "petfinder"}).model_dump(mode="json")
+    (tmp_path / "meta.json").write_text(json.dumps({"dataset_root": "../raw", "label": "AdoptionSpeed",
+                                                    "problem_type": "binary", "classes": [0, 1], "schema": schema}))
     with pytest.raises(StageError, match=r"test\.parquet: missing\. Run `python -m tasks validate`"):
         load_test_set(tmp_path)
 
@@ -189,19 +265,20 @@ def test_evaluation_of_a_converted_model(tiny_model_chain) -> None:
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["rows"] == len(test) and metrics["classes"] == [0, 1]
     assert metrics["label_counts"] == {str(c): int((test.AdoptionSpeed == c).sum()) for c in (0, 1)}
-    assert metrics["test_set"]["fingerprint"] == fingerprint_test_set(test)
+    assert metrics["test_set"]["fingerprint"] == fingerprint_test_set(test, "AdoptionSpeed")
     assert metrics["model"]["sha256"] == json.loads((chain.trained / "manifest.json").read_text())["output"]["sha256"]
 
     preds = pd.read_csv(out / "predictions.csv")
-    assert preds.row_id.tolist() == test.row_id.tolist()
+    assert preds.row_id.tolist() == test.row_id.tolist() and preds.PetID.tolist() == test.PetID.tolist()
     assert (preds.label == test.AdoptionSpeed).all()
     proba = preds[["proba_0", "proba_1"]].to_numpy()
     np.testing.assert_allclose(proba.sum(axis=1), 1, atol=1e-6)
-    assert metrics["metrics"] == compute_metrics(preds.label, proba, [0, 1], "binary")
+    assert metrics["metrics"] == pytest.approx(compute_metrics(preds.label, preds.prediction, "binary", 2, proba))
     assert metrics["primary_metric"]["value"] > 0.5  # it learned something in three tiny epochs
     # the classical baseline, fitted on train (stopped early on val), scored on the same rows, reported beside the model
     baseline = preds[["baseline_proba_0", "baseline_proba_1"]].to_numpy()
-    assert metrics["baseline"]["metrics"] == compute_metrics(preds.label, baseline, [0, 1], "binary")
+    assert metrics["baseline"]["metrics"] == pytest.approx(
+        compute_metrics(preds.label, preds.baseline_prediction, "binary", 2, baseline))
     assert metrics["vs_baseline"]["delta"] == metrics["primary_metric"]["value"] - metrics["baseline"]["primary_metric"]["value"]
     text = render_markdown(metrics)
     assert "| metric | fusion model | classical baseline |" in text and "the baseline on roc_auc" in text
@@ -252,7 +329,7 @@ def test_evaluate_cli_is_deterministic_and_explains_bad_weights(
     assert main(args(chain.trained)) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["primary_metric"] == "roc_auc" and summary["rows"] == 80
-    for name in ("predictions.csv", "ablation.json", "roc.csv", "confusion.csv"):
+    for name in ("predictions.csv", "ablation.json", "plots/roc.csv", "plots/confusion.csv"):
         assert (out / name).read_bytes() == (chain.trained_eval / name).read_bytes(), name
     expected = json.loads((chain.trained_eval / "metrics.json").read_text())
     assert json.loads((out / "metrics.json").read_text())["metrics"] == expected["metrics"]

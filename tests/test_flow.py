@@ -168,7 +168,7 @@ def test_the_download_task_retries_an_outage_and_never_a_refusal(
     from prefect import flow
     from zip_server import ZipServer, zip_of
 
-    from tasks.params import DownloadParams
+    from tasks.params import DatasetParams, DownloadParams
 
     server = ZipServer().start()
     try:
@@ -179,7 +179,7 @@ def test_the_download_task_retries_an_outage_and_never_a_refusal(
         @flow(name="download-retries")
         def fetch(path: str) -> object:
             return quick(DownloadParams(source="url", url=server.url(path), out_dir=tmp_path / path.strip("/"),
-                                        max_attempts=2, backoff_s=0.01, timeout_s=10))
+                                        max_attempts=2, backoff_s=0.01, timeout_s=10), DatasetParams().schema)
 
         state = fetch("/petfinder.zip", return_state=True)
         assert state.is_completed(), state.message
@@ -303,15 +303,20 @@ def test_prefect_yaml_deployments_are_valid_for_this_flow() -> None:
     from prefect.client.schemas.schedules import CronSchedule
 
     from flows.champion import champion
+    from flows.train_nodes import train_node
 
     config = yaml.safe_load((ROOT / "prefect.yaml").read_text())
     deployments = {d["name"]: d for d in config["deployments"]}
-    assert set(deployments) == {"nightly", "on-demand", "champion"}
+    assert set(deployments) == {"nightly", "on-demand", "champion", "node"}
+    flows = {"champion": champion, "node": train_node}
     for d in deployments.values():
         path, _, name = d["entrypoint"].partition(":")
-        flow_ = champion if d["name"] == "champion" else retrain
+        flow_ = flows.get(d["name"], retrain)
         assert (ROOT / path).is_file() and name == flow_.fn.__name__
         assert d["work_pool"]["name"] == "retrain-pool"
+        if d["name"] == "node":  # started by the retrain flow with its parameters, one per host at once
+            assert d["tags"] == ["retrain", "node"] and "parameters" not in d
+            continue
         assert d["concurrency_limit"] == {"limit": 1, "collision_strategy": "ENQUEUE"}
         flow_.validate_parameters(d["parameters"])  # raises on a parameter the flow does not take
     [schedule] = deployments["nightly"]["schedules"]

@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 from fusion_model.data import DataError, FusionDataset, ValidatedData
+from fusion_model.dataset import resolve_schema
 from fusion_model.model import FusionModel, ImageEncoder
 from fusion_model.predict import PredictError, Predictor, build_model, read_rows_csv
 from fusion_model.preprocess import PreprocessError, Preprocessor
@@ -37,7 +38,7 @@ def validated(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def pre(validated: Path) -> Preprocessor:
     data = ValidatedData.read(validated)
-    return Preprocessor.fit(data.train, text_buckets=256, image_size=32, image_index=0)
+    return Preprocessor.fit(data.train, data.schema, text_buckets=256, image_size=32, image_index=0)
 
 
 def _kwargs(pre: Preprocessor, image_model: str = "test_resnet") -> dict:
@@ -50,7 +51,7 @@ def _kwargs(pre: Preprocessor, image_model: str = "test_resnet") -> dict:
 
 def _batch(validated: Path, pre: Preprocessor, n: int = 8) -> dict[str, torch.Tensor]:
     data = ValidatedData.read(validated)
-    ds = FusionDataset(data.train.iloc[:n], pre, data.dataset_root)
+    ds = FusionDataset(data.train.iloc[:n], pre, data.dataset_root, labels=data.labels(data.train.iloc[:n]))
     return {k: torch.stack([ds[i][k] for i in range(n)]) for k in ds[0]}
 
 
@@ -60,7 +61,7 @@ def test_preprocessor_uses_train_statistics_and_round_trips(validated: Path, pre
     again = Preprocessor.from_dict(json.loads(json.dumps(pre.to_dict())))
     assert again == pre
     unseen = train.iloc[:1].copy()
-    unseen["Breed1"] = 999  # never seen in train -> the unknown index 0
+    unseen["Breed1"] = "999"  # never seen in train -> the unknown index 0
     assert pre.categorical(unseen)[0, pre.categorical_columns.index("Breed1")] == 0
     row = unseen.assign(Name="", Description="Friendly friendly")
     ids, counts = pre.text(row)
@@ -74,8 +75,8 @@ def test_frequencies_leave_a_training_row_out_and_bins_are_fractions(validated: 
     as_train = pre.numeric(seen, in_train=True)
     as_new = pre.numeric(seen)
     assert as_train.shape == (3, pre.n_numeric)
-    j = pre.numeric_columns.index("breed1_frequency")
-    counts = [pre.breed1_counts[str(int(b))] for b in seen["Breed1"]]
+    j = pre.numeric_columns.index("Breed1 frequency")
+    counts = [pre.frequency_counts["Breed1"][b] for b in seen["Breed1"]]
     z = lambda c: (np.log1p(c) - pre.numeric_mean[j]) / pre.numeric_std[j]  # noqa: E731
     np.testing.assert_allclose(as_new[:, j].numpy(), [z(c) for c in counts], rtol=1e-5)
     np.testing.assert_allclose(as_train[:, j].numpy(), [z(c - 1) for c in counts], rtol=1e-5)  # itself left out
@@ -92,7 +93,7 @@ def test_forward_backward_with_half_weights_and_fp32_inputs(validated: Path, pre
     assert batch["image"].dtype == torch.float32 and batch["numeric"].dtype == torch.float32
     logits = model(batch)
     assert logits.dtype == dtype and logits.shape == (8, 2)
-    loss = torch.nn.functional.cross_entropy(logits.float(), batch["label"])
+    loss = model.loss(logits, batch["label"])
     loss.backward()
     grads = [p.grad for p in model.parameters() if p.requires_grad]
     assert all(g is not None and g.dtype == dtype for g in grads)
@@ -123,7 +124,7 @@ def test_tiny_batch_overfits(validated: Path, pre: Preprocessor) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     for _ in range(80):
         opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(batch), batch["label"])
+        loss = model.loss(model(batch), batch["label"])
         loss.backward()
         opt.step()
     model.eval()
@@ -137,15 +138,31 @@ def test_image_width_comes_from_a_forward_not_num_features() -> None:
     assert enc.backbone.num_features != enc.out_dim == 256
 
 
-def test_pretrained_local_file_loads_and_hub_or_missing_file_are_refused(tmp_path: Path) -> None:
+def test_pretrained_local_file_loads_strictly_and_hub_or_missing_file_are_refused(tmp_path: Path) -> None:
     import timm
 
-    source = timm.create_model("test_resnet", pretrained=False, num_classes=0)
+    source = timm.create_model("test_resnet", pretrained=False)  # with its classifier, as weights are shared
     weights = tmp_path / "w.safetensors"
     save_file({k: v.contiguous() for k, v in source.state_dict().items()}, str(weights))
     enc = ImageEncoder("test_resnet", pretrained=str(weights), image_size=32)
-    for k, v in source.state_dict().items():
-        assert torch.equal(enc.backbone.state_dict()[k], v)
+    for k, v in enc.backbone.state_dict().items():
+        assert torch.equal(source.state_dict()[k], v)
+    torch.save(source.state_dict(), tmp_path / "w.pt")  # a torch state dict, read with weights_only
+    assert ImageEncoder("test_resnet", pretrained=str(tmp_path / "w.pt"), image_size=32)
+    # another model's weights: refused, naming the keys
+    other = timm.create_model("test_efficientnet", pretrained=False)
+    save_file({k: v.contiguous() for k, v in other.state_dict().items()}, str(tmp_path / "other.safetensors"))
+    with pytest.raises(ValueError, match=r"does not match train.image_model .*missing keys: .*unexpected keys: "):
+        ImageEncoder("test_resnet", pretrained=str(tmp_path / "other.safetensors"))
+    state = {k: v.contiguous() for k, v in source.state_dict().items()}
+    first = next(iter(enc.backbone.state_dict()))
+    state[first] = torch.zeros(1, 3, 3, 3)
+    save_file(state, str(tmp_path / "shape.safetensors"))
+    with pytest.raises(ValueError, match=rf"shape mismatches: {first} \(1, 3, 3, 3\) \(the model has"):
+        ImageEncoder("test_resnet", pretrained=str(tmp_path / "shape.safetensors"))
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="cannot be read as a state dict"):
+        ImageEncoder("test_resnet", pretrained=str(tmp_path / "junk.pt"))
     with pytest.raises(ValueError, match="pass the path of a local weights file"):
         ImageEncoder("test_resnet", pretrained=True)
     with pytest.raises(ValueError, match="does not exist"):
@@ -218,13 +235,14 @@ def test_validated_folder_errors_say_what_to_run(tmp_path: Path, validated: Path
         ValidatedData.read(bad)
     (bad / "meta.json").write_text(json.dumps({**meta, "dataset_root": str(validated / meta["dataset_root"]),
                                                "classes": [0]}))
-    with pytest.raises(DataError, match=r"labels \[1\] are not in meta.json classes \[0\]"):
+    with pytest.raises(DataError, match=r"labels \['1'\] are not in meta.json classes \[0\]"):
         ValidatedData.read(bad)
 
 
 def _saved_model(tmp_path: Path, pre: Preprocessor) -> tuple[Path, FusionModel]:
-    config = {"model": _kwargs(pre), "preprocess": pre.to_dict(), "label_kind": "binary", "classes": [0, 1],
-              "metric": "auc"}
+    config = {"format_version": 2, "model": _kwargs(pre), "preprocess": pre.to_dict(), "problem_type": "binary",
+              "classes": [0, 1], "metric": "roc_auc", "label": "AdoptionSpeed",
+              "dataset": resolve_schema({"preset": "petfinder"}).model_dump(mode="json")}
     model = build_model(config)
     (tmp_path / "model_config.json").write_text(json.dumps(config))
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp_path / "model.safetensors"))
@@ -240,12 +258,13 @@ def test_predictor_round_trip_batches_and_ablation(validated: Path, pre: Preproc
     assert proba.shape == (len(rows), 2)
     np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=1e-5)
     with torch.inference_mode():
-        ds = FusionDataset(rows, pre, data.dataset_root, with_labels=False)
+        ds = FusionDataset(rows, pre, data.dataset_root)
         direct = model.eval()({k: torch.stack([ds[i][k] for i in range(len(ds))]) for k in ds[0]}).softmax(-1)
     np.testing.assert_allclose(proba, direct.numpy(), rtol=1e-4, atol=1e-6)
     assert not np.allclose(predictor.predict_proba(rows, data.dataset_root, drop_modalities={"image"}), proba)
     preds = predictor.predict(rows, data.dataset_root)
-    assert list(preds.columns) == ["prediction", "proba_0", "proba_1"] and list(preds.index) == list(rows.index)
+    assert list(preds.columns) == ["PetID", "prediction", "proba_0", "proba_1"] and list(preds.index) == list(rows.index)
+    assert (preds["PetID"] == rows["PetID"]).all()  # the row key comes back with its prediction
     with pytest.raises(PredictError, match="cannot drop \\['sound'\\]"):
         predictor.predict_proba(rows, data.dataset_root, drop_modalities={"sound"})
 
@@ -268,7 +287,7 @@ def test_predict_cli_writes_a_csv(validated: Path, pre: Preprocessor, tmp_path: 
     csv = tmp_path / "new.csv"
     rows = pd.read_parquet(validated / "test.parquet").drop(columns=["AdoptionSpeed", "row_id"])
     rows.to_csv(csv)  # with the tutorial's leading unnamed index column
-    assert list(read_rows_csv(csv).index) == list(rows.index)
+    assert list(read_rows_csv(csv, ["Name", "Description"]).index) == list(rows.index)
     out = tmp_path / "preds.csv"
     assert main(["--model", str(model_dir), "--csv", str(csv), "--images-root", str(data.dataset_root),
                  "--out", str(out)]) == 0
@@ -276,23 +295,70 @@ def test_predict_cli_writes_a_csv(validated: Path, pre: Preprocessor, tmp_path: 
     assert len(preds) == len(rows) and {"prediction", "proba_0", "proba_1"} <= set(preds.columns)
 
 
-def test_multiclass_labels_train_with_quadratic_kappa(tmp_path: Path) -> None:
-    """The Kaggle 0-4 labels: five logits, val/kappa (quadratic weighted) monitored, one process."""
+def _fit(data: ValidatedData, pre: Preprocessor, kwargs: dict, epochs: int = 2, **module_args: object):
     import lightning.pytorch as pl
 
     from fusion_model.data import FusionDataModule
-    from fusion_model.module import FusionModule, metric_name
+    from fusion_model.module import FusionModule
 
-    data = ValidatedData.read(make_validated(tmp_path, n_train=40, n_val=20, n_test=5, label_kind="multiclass"))
-    pre = Preprocessor.fit(data.train, text_buckets=256, image_size=32, image_index=0)
-    kwargs = {**_kwargs(pre), "num_classes": len(data.classes)}
-    module = FusionModule(kwargs, label_kind=data.label_kind, lr=1e-2, weight_decay=0.0)
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=2, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False)
+    module = FusionModule(kwargs, lr=1e-2, weight_decay=0.0, **module_args)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=epochs, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
     trainer.fit(module, datamodule=FusionDataModule(data, pre, batch_size=8))
-    assert metric_name("multiclass") == "kappa" and data.classes == [0, 1, 2, 3, 4]
-    kappa = trainer.callback_metrics["val/kappa"]
-    assert -1.0 <= float(kappa) <= 1.0 and "val/acc" in trainer.callback_metrics
+    return module, trainer
+
+
+def test_ordinal_labels_train_a_cumulative_link_head_with_fitted_cut_points(tmp_path: Path) -> None:
+    """Kaggle's 0-4 labels as ordinal: one score through increasing thresholds, val/qwk monitored, and cut
+    points fitted on the validation rows kept in the model."""
+    data = ValidatedData.read(make_validated(tmp_path, n_train=60, n_val=30, n_test=5, problem_type="ordinal"))
+    pre = Preprocessor.fit(data.train, data.schema, text_buckets=256, image_size=32, image_index=0)
+    kwargs = {**_kwargs(pre), "num_classes": 5, "problem_type": "ordinal"}
+    module, trainer = _fit(data, pre, kwargs, epochs=3)
+    assert data.classes == [0, 1, 2, 3, 4] and data.problem_type == "ordinal"
+    link = module.model.ordinal
+    assert (link.thresholds().diff() > 0).all()  # the order holds whatever training did
+    assert not torch.equal(link.cutpoints, torch.arange(4.0) + 0.5)  # fitted, not the rounding it starts from
+    qwk = float(trainer.callback_metrics["val/qwk"])
+    assert 0.3 < qwk <= 1.0 and {"val/accuracy", "val/mae"} <= set(trainer.callback_metrics)
+    batch = _batch(data_dir := tmp_path / "validated", pre)
+    assert data_dir.is_dir()
+    out = module.model.eval().interpret(module.model(batch))
+    assert out.proba.shape == (8, 5) and torch.allclose(out.proba.sum(1), torch.ones(8))
+    assert out.prediction.min() >= 0 and out.prediction.max() <= 4
+
+
+def test_regression_head_predicts_in_the_label_unit(tmp_path: Path) -> None:
+    data = ValidatedData.read(make_validated(tmp_path, n_train=60, n_val=30, n_test=5))
+    schema = resolve_schema({"preset": "petfinder", "columns": {"numerical": ["Quantity", "VideoAmt", "PhotoAmt"]},
+                             "label": {"column": "Age", "problem_type": "regression", "transform": "log1p"}})
+    data = ValidatedData(data.train, data.val, data.dataset_root, schema, "regression", [])
+    pre = Preprocessor.fit(data.train, schema, text_buckets=256, image_size=32, image_index=0)
+    kwargs = {**_kwargs(pre), "num_classes": 1, "problem_type": "regression", "target_transform": "log1p"}
+    model = FusionModel(**kwargs)
+    target = np.log1p(data.train["Age"].to_numpy())
+    model.target_mean.fill_(float(target.mean()))
+    model.target_std.fill_(float(target.std()))
+    batch = _batch(tmp_path / "validated", pre)
+    with torch.no_grad():
+        zero = torch.zeros(8, 1)  # the standardised mean: the training rows' mean of log1p(Age)
+        assert torch.allclose(model.interpret(zero).prediction, torch.full((8,), float(np.expm1(target.mean()))))
+        loss = model.loss(model(batch), torch.from_numpy(data.labels(data.train.iloc[:8])))
+    assert torch.isfinite(loss)
+    module, trainer = _fit(data, pre, {**kwargs}, epochs=2)
+    assert {"val/rmse", "val/mae", "val/r2"} <= set(trainer.callback_metrics)
+
+
+def test_multiclass_decision_bias_is_fitted_for_macro_f1(tmp_path: Path) -> None:
+    data = ValidatedData.read(make_validated(tmp_path, n_train=60, n_val=30, n_test=5, problem_type="multiclass"))
+    data = ValidatedData(data.train, data.val, data.dataset_root, data.schema, "multiclass", data.classes)
+    pre = Preprocessor.fit(data.train, data.schema, text_buckets=256, image_size=32, image_index=0)
+    kwargs = {**_kwargs(pre), "num_classes": 5, "problem_type": "multiclass"}
+    module, trainer = _fit(data, pre, kwargs, class_weight=[1.0, 2.0, 1.0, 1.0, 1.0])
+    assert module.model.decision_bias.abs().sum() > 0
+    assert {"val/macro_f1", "val/accuracy", "val/log_loss"} <= set(trainer.callback_metrics)
+    unfitted, _ = _fit(data, pre, kwargs, fit_decision=False)
+    assert unfitted.model.decision_bias.abs().sum() == 0
 
 
 def test_a_single_modality_model_has_no_empty_optimizer_group(validated: Path, pre: Preprocessor) -> None:
@@ -303,10 +369,68 @@ def test_a_single_modality_model_has_no_empty_optimizer_group(validated: Path, p
     from fusion_model.data import FusionDataModule
     from fusion_model.module import FusionModule
 
-    module = FusionModule({**_kwargs(pre), "modalities": ["text"]}, label_kind="binary", lr=1e-2, weight_decay=0.1)
+    module = FusionModule({**_kwargs(pre), "modalities": ["text"]}, lr=1e-2, weight_decay=0.1)
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=1, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
     trainer.fit(module, datamodule=FusionDataModule(ValidatedData.read(validated), pre, batch_size=8))
     groups = trainer.optimizers[0].param_groups
     assert groups and all(g["params"] for g in groups)
     assert len(trainer.lr_scheduler_configs[0].scheduler.base_lrs) == len(groups)
+
+
+def test_auxiliary_heads_add_a_loss_per_deep_modality_and_are_not_used_to_predict(validated: Path,
+                                                                                 pre: Preprocessor) -> None:
+    torch.manual_seed(0)
+    model = FusionModel(**_kwargs(pre), aux_loss_weight=0.5)
+    assert set(model.aux_heads) == {"image", "tabular"}
+    batch = _batch(validated, pre)
+    model.train()
+    with_aux = model.loss(model(batch), batch["label"])
+    model.aux_loss_weight = 0.0
+    without = model.loss(model(batch), batch["label"])
+    assert with_aux > without  # the heads' own losses are added in training
+    model.eval()
+    raw = model(batch)
+    assert model._aux == [] and torch.equal(raw, model(batch))  # predicting ignores them
+
+
+def test_a_numerical_column_with_few_values_is_also_a_code(validated: Path) -> None:
+    data = ValidatedData.read(validated)
+    pre = Preprocessor.fit(data.train, data.schema, text_buckets=256, image_size=32, image_index=0,
+                           numeric_codes_max=5)
+    coded = [c for c in pre.categorical_columns if c in data.schema.columns.numerical]
+    assert "Quantity" not in coded  # one value in every row: nothing to code
+    assert coded and all(data.train[c].nunique() <= 5 for c in coded)
+    assert all(c in pre.numeric_columns for c in coded)  # still a number too
+    codes = pre.categorical(data.train.iloc[:3])
+    assert codes.shape == (3, len(pre.categorical_columns)) and (codes[:, -1] > 0).all()
+
+
+def test_a_model_of_the_earlier_format_still_loads_and_predicts(validated: Path, pre: Preprocessor,
+                                                               tmp_path: Path) -> None:
+    """A champion promoted before dataset schemas (model_config.json format 1) keeps working."""
+    from fusion_model.legacy import upgrade_config
+
+    model_dir, model = _saved_model(tmp_path, pre)
+    config = json.loads((model_dir / "model_config.json").read_text())
+    numeric = [c.replace("RescuerID frequency", "rescuer_listings").replace("Breed1 frequency", "breed1_frequency")
+               for c in pre.numeric_columns]
+    v1_pre = {k: v for k, v in pre.to_dict().items() if k not in ("numeric_log", "frequency_columns",
+                                                                 "frequency_counts", "image_columns")}
+    v1_pre.update(numeric_columns=numeric, rescuer_counts=pre.frequency_counts["RescuerID"],
+                  breed1_counts=pre.frequency_counts["Breed1"],
+                  vocabularies={c: [int(v) for v in vs] for c, vs in pre.vocabularies.items()})
+    v1_model = {k: v for k, v in config["model"].items() if k not in ("problem_type", "target_transform")}
+    v1 = {"format_version": 1, "model": v1_model, "preprocess": v1_pre, "label": "AdoptionSpeed",
+          "label_kind": "binary", "classes": [0, 1], "metric": "auc"}
+    upgraded = upgrade_config(v1)
+    assert upgraded["problem_type"] == "binary" and upgraded["dataset"]["preset"] == "petfinder"
+    assert Preprocessor.from_dict(upgraded["preprocess"]) == pre
+    (model_dir / "model_config.json").write_text(json.dumps(v1))
+    data = ValidatedData.read(validated)
+    rows = data.val.drop(columns=["AdoptionSpeed"])
+    old = Predictor.load(model_dir).predict_proba(rows, data.dataset_root)
+    (model_dir / "model_config.json").write_text(json.dumps(config))
+    np.testing.assert_allclose(old, Predictor.load(model_dir).predict_proba(rows, data.dataset_root), rtol=1e-6)
+    with pytest.raises(ValueError, match="format_version 9 is newer than this version reads"):
+        upgrade_config({**v1, "format_version": 9})

@@ -156,7 +156,7 @@ def test_dvc_repro_reproduces_the_accumulated_data(nights: Nights) -> None:
         write_params(project, {"download": {"synthetic": {"batch": batch}}})
         dvc(project, "repro", "download")
     assert _tree(project / "data/raw") == nights.nights["batch 3"].raw
-    train = pd.read_csv(project / "data/raw/petfinder_for_tutorial/train.csv", index_col=0)
+    train = pd.read_csv(project / "data/raw/dataset/train.csv", index_col=0)
     assert len(train) == json.loads(nights.nights["batch 3"].raw["manifest.json"])["rows"]["train"]
 
 

@@ -38,7 +38,8 @@ def test_cli_api_and_evaluation_give_identical_probabilities(tiny_model_chain, t
 
     api = Predictor.load(chain.trained).predict(read_rows_csv(csv_path), chain.images_root)
     cols = ["proba_0", "proba_1"]
-    assert list(cli.columns) == ["prediction", *cols] and list(api.columns) == ["prediction", *cols]
+    assert list(cli.columns) == ["PetID", "prediction", *cols] and list(api.columns) == ["PetID", "prediction", *cols]
+    assert (cli["PetID"] == api["PetID"]).all()  # the row key comes back with each prediction
     assert cli.index.tolist() == api.index.tolist()
     # The model computes in float32 and the CLI writes float32's shortest repr: compare at that precision.
     np.testing.assert_array_equal(cli[cols].to_numpy(np.float32), api[cols].to_numpy())

@@ -18,9 +18,11 @@ import torch
 from filelock import FileLock
 from safetensors.torch import save_file
 
-from fusion_model.schema import split_images
+from fusion_model.dataset import resolve_schema, split_images
+from fusion_model.predict import Predictions
 from tasks._io.hashing import sha256_file
 from tasks.errors import StageError
+from tasks.evaluate.inputs import TestSet
 from tasks.evaluate.metrics import fingerprint_test_set
 from tasks.evaluate.stage import write_evaluation
 from tasks.params import PromoteParams
@@ -39,8 +41,9 @@ def _write_test_set(data_dir: Path, seed: int = 0) -> pd.DataFrame:
     })
     data_dir.mkdir(parents=True, exist_ok=True)
     table.to_parquet(data_dir / "test.parquet", index=False)
-    meta = {"dataset_root": "../raw", "label": "AdoptionSpeed", "label_kind": "binary", "classes": [0, 1],
-            "rows": {"test": N_TEST}}
+    schema = resolve_schema({"preset": "petfinder"}).model_dump(mode="json")
+    meta = {"dataset_root": "../raw", "label": "AdoptionSpeed", "problem_type": "binary", "classes": [0, 1],
+            "schema": schema, "rows": {"test": N_TEST}}
     (data_dir / "meta.json").write_text(json.dumps(meta))
     return table
 
@@ -70,10 +73,16 @@ def _challenger(root: Path, name: str, table: pd.DataFrame, skill: float, passed
     proba = _skilled_proba(y, skill)
     baseline = None if baseline_skill is None else _skilled_proba(y, baseline_skill, seed=11)
     provenance = {
-        "test_set": {"fingerprint": fingerprint_test_set(table)},
+        "test_set": {"fingerprint": fingerprint_test_set(table, "AdoptionSpeed")},
         "model": {"sha256": sha256_file(model_dir / "model.safetensors")},
     }
-    write_evaluation(eval_dir, table["row_id"].to_numpy(), y, proba, {}, [0, 1], "binary", provenance, baseline)
+
+    def outputs(p: np.ndarray | None) -> Predictions | None:
+        return None if p is None else Predictions(prediction=p.argmax(1), proba=p, score=p[:, 1])
+
+    test = TestSet(table=table, meta={}, images_root=root, schema=resolve_schema({"preset": "petfinder"}),
+                   problem_type="binary", classes=[0, 1])
+    write_evaluation(eval_dir, test, outputs(proba), {}, provenance, baseline=outputs(baseline))
     report = root / name / "validation.json"
     report.write_text(json.dumps({"success": passed}))
     return PromoteParams(

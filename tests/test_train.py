@@ -96,11 +96,11 @@ def _assert_outputs(out: Path, summary: TrainSummary, strategy: str) -> None:
     assert summary.strategy == strategy and summary.world_size == 2 and summary.steps > 0
     on_disk = json.loads((out / "train_summary.json").read_text())
     assert on_disk["world_size"] == 2 and on_disk["steps"] == summary.steps
-    assert summary.best_score is not None and summary.metric == "auc" and summary.monitor == "val/auc"
+    assert summary.best_score is not None and summary.metric == "roc_auc" and summary.monitor == "val/roc_auc"
     assert summary.samples_per_s and summary.samples_per_s > 0
     config = json.loads((out / "model_config.json").read_text())
     assert config["model"]["image_model"] == "test_resnet" and config["classes"] == [0, 1]
-    assert config["preprocess"]["numeric_mean"] and config["metric"] == "auc"
+    assert config["preprocess"]["numeric_mean"] and config["metric"] == "roc_auc"
 
 
 def test_flow_like_caller_runs_once_while_ddp_spawn_trains_two_ranks(data_dir: Path, tmp_path: Path) -> None:
@@ -166,12 +166,12 @@ def test_dvclive_logs_one_value_per_epoch_and_the_curves_png(finished_ddp: tuple
     live = out.parent / "training"
     assert not (out / "dvclive").exists()  # moved out of the checkpoint folder, into train.live_dir
     history = json.loads((out / "train_summary.json").read_text())["history"]
-    val_auc = per_epoch(live, "val/auc")
+    val_auc = per_epoch(live, "val/roc_auc")
     assert [epoch for epoch, _ in val_auc] == [1, 2] == [h["epoch"] for h in history]
-    assert val_auc[-1][1] == pytest.approx(history[-1]["val/auc"], abs=1e-5)
+    assert val_auc[-1][1] == pytest.approx(history[-1]["val/roc_auc"], abs=1e-5)
     assert [e for e, _ in per_epoch(live, "train/loss_epoch")] == [1, 2]
     metrics = json.loads((live / "metrics.json").read_text())
-    assert metrics["val"]["auc"] == pytest.approx(history[-1]["val/auc"], abs=1e-5)
+    assert metrics["val"]["roc_auc"] == pytest.approx(history[-1]["val/roc_auc"], abs=1e-5)
     assert read_series(live, "val/loss") and summary.best_epoch in (1, 2)
     assert summary.curves == str(live / "curves.png") and (live / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -16,12 +16,16 @@ import pandas as pd
 import pytest
 
 from fusion_model import checks
-from fusion_model.schema import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS, REQUIRED_COLUMNS
+from fusion_model.dataset import resolve_schema
+from fusion_model.presets.petfinder import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
 from tasks.params import ValidateParams
 from tasks.validate import ValidationError, validate
 from tasks.validate.report import ValidationReport, render_html, render_markdown
-from tasks.validate.suite import SUITE_PATH, suite_json
+from tasks.validate.suite import suite_json, suite_path
 from tasks.validate.tables import stratified_split
+
+PETFINDER = resolve_schema({"preset": "petfinder"})
+REQUIRED_COLUMNS = [c for c in PETFINDER.table_columns if c not in PETFINDER.checks.optional]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture
 def dataset(tiny_raw_dataset: Path, tmp_path: Path) -> Path:
     """A private copy of the good dataset, to corrupt."""
-    return Path(shutil.copytree(tiny_raw_dataset, tmp_path / "raw" / "petfinder_for_tutorial"))
+    return Path(shutil.copytree(tiny_raw_dataset, tmp_path / "raw" / "dataset"))
 
 
 def params_for(dataset: Path, tmp_path: Path, **overrides: object) -> ValidateParams:
@@ -69,7 +73,8 @@ def row_id_of(dataset: Path, row: int = 0, file: str = "train.csv") -> int:
 # ------------------------------------------------------------------------------------- the good case
 def test_good_dataset_passes_with_the_contract_layout(tiny_validated: Path, tiny_raw_dataset: Path) -> None:
     meta = json.loads((tiny_validated / "meta.json").read_text())
-    assert meta["label"] == LABEL and meta["label_kind"] == "binary" and meta["classes"] == [0, 1]
+    assert meta["label"] == LABEL and meta["problem_type"] == "binary" and meta["classes"] == [0, 1]
+    assert meta["schema"] == PETFINDER.model_dump(mode="json") and meta["id"] == "PetID"
     # Stored relative to out_dir (the same in every clone), resolving to the raw folder.
     assert not Path(meta["dataset_root"]).is_absolute()
     assert (tiny_validated / meta["dataset_root"]).resolve() == tiny_raw_dataset.resolve()
@@ -81,7 +86,8 @@ def test_good_dataset_passes_with_the_contract_layout(tiny_validated: Path, tiny
         assert len(df) == meta["rows"][name]
         assert list(df.columns[:1]) == ["row_id"] and set(REQUIRED_COLUMNS) <= set(df.columns)
         assert not any(c in df.columns for c in ("image_paths_safe", "images_exist", "images_decode"))
-        assert all(df[c].dtype == "int64" for c in (*CATEGORICAL_COLUMNS, LABEL, "row_id"))
+        assert all(df[c].dtype == "int64" for c in (LABEL, "row_id"))
+        assert all(pd.api.types.is_string_dtype(df[c]) for c in CATEGORICAL_COLUMNS)  # codes as canonical text
         assert all(df[c].dtype == "float64" for c in NUMERIC_COLUMNS)
         assert df["Name"].isna().sum() == 0 and df["Description"].isna().sum() == 0
         assert df["Images"].str.startswith("images/").all()
@@ -104,12 +110,12 @@ def test_good_dataset_passes_with_the_contract_layout(tiny_validated: Path, tiny
 
 def test_stratified_split_is_deterministic_and_keeps_rare_classes() -> None:
     table = pd.DataFrame({"row_id": np.arange(103), LABEL: [0] * 80 + [1] * 20 + [2] * 2 + [3]})
-    train, val = stratified_split(table, 0.2, seed=7)
-    again_train, again_val = stratified_split(table, 0.2, seed=7)
+    train, val = stratified_split(table, LABEL, 0.2, seed=7)
+    again_train, again_val = stratified_split(table, LABEL, 0.2, seed=7)
     pd.testing.assert_frame_equal(val, again_val)
     assert val[LABEL].value_counts().to_dict() == {0: 16, 1: 4, 2: 1}
     assert set(train[LABEL]) == {0, 1, 2, 3}  # a class with one row stays in train
-    assert not val.row_id.equals(stratified_split(table, 0.2, seed=8)[1].row_id)
+    assert not val.row_id.equals(stratified_split(table, LABEL, 0.2, seed=8)[1].row_id)
 
 
 def test_extra_columns_and_absent_optional_columns_are_tolerated(dataset: Path, tmp_path: Path, tiny_validated: Path) -> None:
@@ -153,9 +159,10 @@ def _label_out_of_set(dataset: Path) -> list[str]:
     return [f"train.csv, column '{LABEL}'", f"row_id {row_id_of(dataset, 3)} ({LABEL}='7')"]
 
 
-def _class_missing(dataset: Path) -> list[str]:
+def _one_class(dataset: Path) -> list[str]:
     edit_csv(dataset / "train.csv", lambda df: df.assign(**{LABEL: "0"}))
-    return [f"train.csv, column '{LABEL}': expected every class present", "missing: [1]"]
+    return [f"train.csv, column '{LABEL}': every training row holds the same label 0; a model needs at least two "
+            "classes"]
 
 
 def _code_out_of_range(dataset: Path) -> list[str]:
@@ -239,7 +246,7 @@ def _breed_type_mismatch(dataset: Path) -> list[str]:
 BAD_DATASETS: dict[str, Callable[[Path], list[str]]] = {
     "missing_column": _missing_column,
     "label_out_of_set": _label_out_of_set,
-    "class_missing": _class_missing,
+    "label_with_one_class": _one_class,
     "code_out_of_range": _code_out_of_range,
     "nan_in_required_field": _nan_in_required,
     "not_a_number": _not_a_number,
@@ -297,18 +304,20 @@ def test_cli_exits_nonzero_with_the_reason(dataset: Path, tmp_path: Path, capsys
     assert json.loads((tmp_path / "reports" / "validation.json").read_text())["problems"]
 
 
-def test_label_kind_multiclass_rejects_nothing_valid_but_requires_every_class(dataset: Path, tmp_path: Path) -> None:
+def test_given_classes_require_every_class_in_training(dataset: Path, tmp_path: Path) -> None:
+    schema = resolve_schema({"preset": "petfinder", "label": {"problem_type": "ordinal", "classes": [0, 1, 2, 3, 4]}})
     with pytest.raises(ValidationError) as info:
-        validate(params_for(dataset, tmp_path, label_kind="multiclass"))
+        validate(params_for(dataset, tmp_path), schema)
     assert f"column '{LABEL}': expected every class present" in str(info.value)
-    assert "missing: [2, 3, 4]" in str(info.value)
+    assert "missing: ['2', '3', '4']" in str(info.value)
     assert str(info.value).count("Fix:") == 1  # 0/1 labels are inside 0-4: only class presence fails
 
 
 # -------------------------------------------------------------------------------- suite and reports
 def test_suite_json_is_regenerated_from_code() -> None:
-    assert SUITE_PATH.read_text() == suite_json(), "run `python -m tasks.validate.write_suite` and review the diff"
-    suite = json.loads(SUITE_PATH.read_text())
+    path = suite_path(PETFINDER)
+    assert path.read_text() == suite_json(PETFINDER), "run `python -m tasks.validate.write_suite` and review the diff"
+    suite = json.loads(path.read_text())
     kinds = {e["type"] for e in suite["expectations"]}
     assert {"expect_column_to_exist", "expect_column_values_to_be_in_set", "expect_column_values_to_be_between",
             "expect_column_distinct_values_to_contain_set", "expect_column_values_to_be_unique"} <= kinds
@@ -357,7 +366,7 @@ def test_decode_check_agrees_serial_and_parallel(tiny_raw_dataset: Path, tmp_pat
 
 def test_check_prediction_rows(tiny_raw_dataset: Path) -> None:
     rows = pd.read_csv(tiny_raw_dataset / "test.csv", index_col=0).drop(columns=[LABEL]).head(12)
-    checks.check_prediction_rows(rows, tiny_raw_dataset, workers=2)  # good rows pass without the label
+    checks.check_prediction_rows(rows, tiny_raw_dataset, PETFINDER, workers=2)  # good rows pass without the label
 
     bad = rows.copy()
     bad.loc[bad.index[1], "Type"] = 5
@@ -365,7 +374,7 @@ def test_check_prediction_rows(tiny_raw_dataset: Path) -> None:
     bad.loc[bad.index[3], "Images"] = "images/none.jpg"
     bad.loc[bad.index[4], "Images"] = "../x.jpg"
     with pytest.raises(ValueError) as info:
-        checks.check_prediction_rows(bad, tiny_raw_dataset)
+        checks.check_prediction_rows(bad, tiny_raw_dataset, PETFINDER)
     message = str(info.value)
     assert f"row {bad.index[1]}, column 'Type': value 5 is not a valid code (1-2: 1 dog, 2 cat)" in message
     assert f"row {bad.index[2]}, column 'Age': value nan is empty" in message
@@ -373,4 +382,4 @@ def test_check_prediction_rows(tiny_raw_dataset: Path) -> None:
     assert f"row {bad.index[4]}, file ../x.jpg: path contains '..'" in message
     assert message.startswith("4 problem(s)") and "Fix:" in message
     with pytest.raises(ValueError, match=r"lack required column\(s\) \['Fee'\]"):
-        checks.check_prediction_rows(rows.drop(columns=["Fee"]), tiny_raw_dataset)
+        checks.check_prediction_rows(rows.drop(columns=["Fee"]), tiny_raw_dataset, PETFINDER)

@@ -10,7 +10,7 @@ from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from fusion_model import schema
+from tasks.download.url import ARCHIVE_DIRNAME
 
 
 class ZipServer:
@@ -75,5 +75,5 @@ def zip_of(dataset: Path) -> bytes:
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
         for path in sorted(dataset.rglob("*")):
-            zf.write(path, f"{schema.DATASET_DIRNAME}/{path.relative_to(dataset).as_posix()}")
+            zf.write(path, f"{ARCHIVE_DIRNAME}/{path.relative_to(dataset).as_posix()}")
     return buf.getvalue()

@@ -3,7 +3,7 @@
 ```
 data/incoming/batch-<N>/        the landing area: the batch as it arrived (train.csv + images/, tutorial layout)
 data/quarantine/batch-<N>/      a refused batch, with the report that refused it; it never joins
-data/raw/petfinder_for_tutorial/
+data/raw/dataset/
   train.csv                     the base training rows and every accepted batch's training share
   test.csv                      the frozen test set (the base dataset's): every run is scored on it
   holdout/batch-<N>.csv         each accepted batch's held-out share, scored beside the test set
@@ -27,18 +27,25 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fusion_model import schema
+from fusion_model.dataset import DatasetSchema
 from tasks._io.folders import recover_dir, swap_dir, temp_dir_beside
 from tasks._io.hashing import file_hashes, fingerprint
-from tasks.download.manifest import MANIFEST, add_batch, read_manifest
+from tasks.download.manifest import DATASET_DIRNAME, MANIFEST, add_batch, read_manifest
 from tasks.download.synthetic.generator import generate_batch
 from tasks.errors import StageError
 from tasks.params import DownloadParams
 from tasks.validate.drift import DriftReport, drift_gate, write_drift_report
-from tasks.validate.drift_petfinder import petfinder_columns
+from tasks.validate.drift_stats import DriftColumns
 from tasks.validate.report import failure_message, render_markdown, report_json
 from tasks.validate.stage import HOLDOUT_DIR, ValidationError, check_tables
-from tasks.validate.tables import read_raw, typed_table, validation_frame
+from tasks.validate.tables import (
+    LabelRule,
+    label_rule,
+    read_raw,
+    training_codes,
+    typed_table,
+    validation_frame,
+)
 
 
 class DriftGateError(StageError):
@@ -61,11 +68,11 @@ def last_batch_seen(p: DownloadParams) -> int:
     return max(seen, default=0)
 
 
-def land(p: DownloadParams) -> Path:
+def land(p: DownloadParams, schema: DatasetSchema) -> Path:
     """Put batch `p.synthetic.batch` in the landing area (the embedded source emits it there)."""
     landed = Path(p.incoming_dir) / batch_name(p.synthetic.batch)
     if p.source == "synthetic":
-        generate_batch(landed, p.synthetic, p.synthetic.batch)
+        generate_batch(landed, p.synthetic, p.synthetic.batch, schema.label.problem_type)
     elif not (landed / "train.csv").is_file():
         raise StageError(
             f"{landed / 'train.csv'}: batch {p.synthetic.batch} has not arrived. Land it there in the tutorial "
@@ -74,10 +81,14 @@ def land(p: DownloadParams) -> Path:
     return landed
 
 
-def _typed(dataset_dir: Path, name: str, file: str) -> pd.DataFrame:
-    """A table of the dataset typed as the validate stage types it (no file checks: already done)."""
-    table = read_raw(name, dataset_dir / file)
-    return typed_table(validation_frame(table, dataset_dir, workers=1, image_checks=False))
+def _typed(dataset_dir: Path, name: str, file: str, schema: DatasetSchema,
+           rule: LabelRule | None = None) -> tuple[pd.DataFrame, LabelRule]:
+    """A table of the dataset typed as the validate stage types it (no file checks: already done), and the
+    label rule of the training rows (decided on this table unless given)."""
+    table = read_raw(name, dataset_dir / file, schema)
+    rule = rule or label_rule(table, schema)
+    return typed_table(validation_frame(table, schema, rule, dataset_dir, workers=1, image_checks=False),
+                       schema, rule), rule
 
 
 def _quarantine(p: DownloadParams, landed: Path, reports: dict[str, str]) -> Path:
@@ -91,28 +102,29 @@ def _quarantine(p: DownloadParams, landed: Path, reports: dict[str, str]) -> Pat
     return dest
 
 
-def take_in(p: DownloadParams) -> dict[str, Any]:
+def take_in(p: DownloadParams, schema: DatasetSchema) -> dict[str, Any]:
     """Land, validate, gate and join batch `p.synthetic.batch` (>= 1) into `p.out_dir`; returns its record."""
     out_dir, batch = Path(p.out_dir), p.synthetic.batch
-    dataset = out_dir / schema.DATASET_DIRNAME
+    dataset = out_dir / DATASET_DIRNAME
     if not (dataset / "train.csv").is_file():
         raise StageError(f"{dataset / 'train.csv'}: no accumulated dataset to take batch {batch} into; run the "
                          "download stage with download.synthetic.batch: 0 first (the base dataset).")
     done = next((b for b in taken_in(out_dir) if b["batch"] == batch), None)
     if done is not None:
         return {**done, "already_taken_in": True}
-    landed = land(p)
+    landed = land(p, schema)
     report_dir = p.drift_reports
 
-    report, frames = check_tables(landed, [("batch", "train.csv")], p.synthetic.label_kind, workers=2)
+    reference, rule = _typed(dataset, "train", "train.csv", schema)
+    report, frames, _rule = check_tables(landed, [("batch", "train.csv")], schema, workers=2, rule=rule,
+                                         seen=training_codes(reference, schema))
     if not report.success:
         where = _quarantine(p, landed, {"validation.json": report_json(report), "validation.md": render_markdown(report)})
         raise ValidationError(f"batch {batch} is refused and quarantined in {where}; it does not join the data. "
                               + failure_message(report, str(where / "validation.md")))
 
-    rows = typed_table(frames["batch"])
-    reference = _typed(dataset, "train", "train.csv")
-    gate = drift_gate(reference, rows, petfinder_columns(p.synthetic.label_kind), p.drift_gate)
+    rows = typed_table(frames["batch"], schema, rule)
+    gate = drift_gate(reference, rows, DriftColumns.from_schema(schema, rule.classes), p.drift_gate)
     gate.batch = batch
     write_drift_report(gate, report_dir)
     if not gate.passed:  # quarantined with its figures
@@ -130,7 +142,7 @@ def _join(p: DownloadParams, landed: Path, batch: int, gate: DriftReport) -> dic
     staged = temp_dir_beside(out_dir)
     try:
         _copy_tree_linked(out_dir, staged)
-        dataset = staged / schema.DATASET_DIRNAME
+        dataset = staged / DATASET_DIRNAME
         arrived = pd.read_csv(landed / "train.csv", index_col=0, dtype=str, keep_default_na=False)
         rng = np.random.default_rng([p.synthetic.seed, batch, 1])
         held = np.zeros(len(arrived), dtype=bool)
@@ -154,7 +166,7 @@ def _join(p: DownloadParams, landed: Path, batch: int, gate: DriftReport) -> dic
 def _copy_tree_linked(src: Path, dest: Path) -> None:
     """Copy `src` into the existing folder `dest`, hard-linking files (images never change once written)."""
     shutil.copytree(src, dest, copy_function=os.link, dirs_exist_ok=True)
-    for rewritten in (dest / MANIFEST, dest / schema.DATASET_DIRNAME / "train.csv"):
+    for rewritten in (dest / MANIFEST, dest / DATASET_DIRNAME / "train.csv"):
         data = rewritten.read_bytes()  # these change: a file of their own, not a link into the old tree
         rewritten.unlink()
         rewritten.write_bytes(data)

@@ -1,9 +1,10 @@
-"""One user CSV for the `local` source: bytes -> a frame of text cells, each real-file quirk decided.
+"""One user table (CSV or Parquet) for the `local` source: bytes -> a frame of text cells, each real-file
+quirk decided.
 
-Every cell is read as text ("" when empty, so an empty Name or Description stays ""), so what is written
-back is the file's own characters; only the label is rewritten. Each decision taken (a fallback encoding,
-a dropped column, dropped rows) is recorded in a `Decisions` list that ends up in manifest.json.
-Row numbers in messages are spreadsheet rows: the header is row 1, the first data row is row 2.
+Every cell is read as text ("" when empty, so an empty text cell stays ""), so what is written back is the
+file's own characters. Each decision taken (a fallback encoding, a dropped column, dropped rows) is
+recorded in a `Decisions` list that ends up in manifest.json. Row numbers in messages are spreadsheet rows:
+the header is row 1, the first data row is row 2.
 """
 
 from __future__ import annotations
@@ -19,13 +20,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fusion_model import schema
+from fusion_model.dataset import DatasetSchema, canonical
 from tasks.errors import StageError
 from tasks.params import LocalParams
 
 log = logging.getLogger(__name__)
 
-PET_ID = re.compile(r"[0-9a-f]{9}")
 SHOWN = 10  # rows named in a message; the count gives the rest
 _BOM = b"\xef\xbb\xbf"
 _MISSING_TEXT = frozenset({"NaN", "nan"})  # how pandas / numpy print a missing value into a CSV
@@ -73,27 +73,34 @@ def spreadsheet_rows(positions: Any) -> str:
     return f"rows {shown} ({len(rows)} row{'s' if len(rows) != 1 else ''}; header = row 1)"
 
 
-def read_table(name: str, path: Path, p: LocalParams, decisions: Decisions) -> Table:
-    """Decode and parse `path`; the leading index column becomes `row_ids`, columns outside the schema
-    are dropped (named in `decisions`)."""
-    raw = path.read_bytes()
-    if not raw.strip():
-        raise StageError(f"{path}: the file is empty; point download.local.path at the PetFinder CSV")
-    text = _decode(name, path, raw, p, decisions)
-    try:
-        cells = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, na_filter=False)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as e:
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise StageError(f"{path}: not a readable CSV ({reason}); fix the file at the place named") from None
-    if _MARKS.search(text):
-        cells = _apply_fallback(name, path, cells, p, decisions)
+PARQUET_SUFFIXES = (".parquet", ".pq")
+
+
+def read_table(name: str, path: Path, p: LocalParams, decisions: Decisions, schema: DatasetSchema) -> Table:
+    """Decode and parse `path` (CSV, or Parquet by its suffix); the leading index column becomes `row_ids`,
+    columns the dataset schema does not declare are dropped (named in `decisions`)."""
+    if path.suffix.lower() in PARQUET_SUFFIXES:
+        cells = _read_parquet(path)
+    else:
+        raw = path.read_bytes()
+        if not raw.strip():
+            raise StageError(f"{path}: the file is empty; point download.local.path at your table")
+        text = _decode(name, path, raw, p, decisions)
+        try:
+            cells = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, na_filter=False)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as e:
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise StageError(f"{path}: not a readable CSV ({reason}); fix the file at the place named") from None
+        if _MARKS.search(text):
+            cells = _apply_fallback(name, path, cells, p, decisions)
     cells, row_ids = _index_column(name, cells, decisions)
-    extra = [c for c in cells.columns if c not in schema.ALL_COLUMNS]
+    declared = set(schema.table_columns)
+    extra = [c for c in cells.columns if c not in declared]
     if extra:
         cells = cells.drop(columns=extra)
-        decisions.add(name, "extra_columns", f"dropped {extra}: not PetFinder columns (fusion_model/schema.py)",
+        decisions.add(name, "extra_columns", f"dropped {extra}: columns params.yaml dataset: does not declare",
                       columns=extra)
-    for col in (c for c in schema.TEXT_COLUMNS if c in cells.columns):
+    for col in (c for c in schema.columns.text if c in cells.columns):
         missing = cells[col].isin(_MISSING_TEXT)
         cells.loc[missing, col] = ""
         empty = int(cells[col].str.strip().eq("").sum())
@@ -102,6 +109,24 @@ def read_table(name: str, path: Path, p: LocalParams, decisions: Decisions) -> T
                           + (f" ({int(missing.sum())} of them written as NaN or nan)" if missing.any() else ""),
                           column=col, rows=empty)
     return Table(name, path, cells.reset_index(drop=True), row_ids.reset_index(drop=True))
+
+
+def _read_parquet(path: Path) -> pd.DataFrame:
+    """A Parquet file's cells as text: "" for a missing value, whole numbers written as integers."""
+    try:
+        frame = pd.read_parquet(path)
+    except Exception as e:  # pyarrow raises ArrowInvalid, OSError, ...
+        raise StageError(f"{path}: not a readable Parquet file ({type(e).__name__}: {e}); re-export it") from None
+    if frame.index.name is not None or not isinstance(frame.index, pd.RangeIndex):
+        frame = frame.reset_index().rename(columns={frame.index.name or "index": ""})
+    out = pd.DataFrame(index=range(len(frame)))
+    for col in frame.columns:
+        values = frame[col].reset_index(drop=True)
+        if pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values):
+            out[str(col)] = values.map(canonical)
+        else:
+            out[str(col)] = values.map(lambda v: "" if v is None or (isinstance(v, float) and v != v) else str(v))
+    return out
 
 
 def _decode(name: str, path: Path, raw: bytes, p: LocalParams, decisions: Decisions) -> str:
@@ -177,48 +202,57 @@ def _index_column(name: str, cells: pd.DataFrame, decisions: Decisions) -> tuple
     return cells, ids.astype("int64")
 
 
-def check_columns(table: Table, required: tuple[str, ...]) -> None:
+def check_columns(table: Table, required: list[str], schema: DatasetSchema) -> None:
     missing = [c for c in required if c not in table.cells.columns]
     if missing:
         raise StageError(
-            f"{table.path}: missing column(s) {missing}; columns found: {list(table.cells.columns)}. Fix: "
-            "export every PetFinder column (fusion_model/schema.py), or check download.local.layout"
+            f"{table.path}: missing column(s) {missing} that params.yaml dataset: declares; columns found: "
+            f"{list(table.cells.columns)}. Fix: correct the column names in the dataset section (spaces and case "
+            "count), or export the missing columns"
         )
 
 
-def check_pet_ids(table: Table, p: LocalParams, decisions: Decisions) -> Table:
-    """Refuse (or, with drop_bad_pet_ids, drop) rows whose PetID is not 9 lower-case hex digits."""
-    if "PetID" not in table.cells.columns:
+def check_ids(table: Table, p: LocalParams, decisions: Decisions, schema: DatasetSchema) -> Table:
+    """Refuse (or, with drop_bad_ids, drop) rows whose id is empty, repeated, or not of `checks.id_pattern`."""
+    if schema.id is None or schema.id not in table.cells.columns:
         return table
-    ids = table.cells["PetID"]
-    bad = ~ids.str.fullmatch(PET_ID.pattern)
+    ids = table.cells[schema.id].str.strip()
+    reasons = pd.Series("", index=ids.index, dtype="str")
+    if schema.checks.id_pattern:
+        reasons[~ids.str.fullmatch(schema.checks.id_pattern)] = (
+            f"not of the form {schema.checks.id_pattern} (a spreadsheet turned them into numbers such as "
+            "7.76E+08 or cut their leading zeros)")
+    reasons[ids.duplicated(keep=False) & (reasons == "")] = "repeated"
+    reasons[ids == ""] = "empty"
+    bad = reasons != ""
     if not bad.any():
         return table
     positions = np.flatnonzero(bad.to_numpy())
-    examples = list(dict.fromkeys(ids[bad].tolist()))[:3]
-    reason = (f"{len(positions)} PetID(s) are not 9 lower-case hex digits ({spreadsheet_rows(positions)}, "
-              f"e.g. {examples}): a spreadsheet turned them into numbers (7.76E+08) or cut their leading zeros")
-    if not p.drop_bad_pet_ids:
+    parts = []
+    for why, group in reasons[bad].groupby(reasons[bad], sort=False):
+        examples = list(dict.fromkeys(ids[group.index].tolist()))[:3]
+        parts.append(f"{len(group)} {why} ({spreadsheet_rows(group.index)}, e.g. {examples})")
+    reason = f"{len(positions)} bad id(s) in column {schema.id}: " + "; ".join(parts)
+    if not p.drop_bad_ids:
         raise StageError(
-            f"{table.path}: column PetID: {reason}. Such rows cannot be matched to their photos. Fix: re-export "
-            "the file with PetID formatted as text, or set download.local.drop_bad_pet_ids: true to drop them"
+            f"{table.path}: {reason}. The id is the row key (dataset.id): every row needs its own. Fix: re-export "
+            f"the file with '{schema.id}' formatted as text and unique, or set download.local.drop_bad_ids: true "
+            "to drop these rows (every copy of a repeated id)"
         )
-    decisions.add(table.name, "bad_pet_ids", f"dropped {len(positions)} row(s): {reason}",
+    decisions.add(table.name, "bad_ids", f"dropped {len(positions)} row(s): {reason}",
                   dropped=len(positions), first_rows=[int(r) + 2 for r in positions[:SHOWN]])
     keep = ~bad.to_numpy()
     return Table(table.name, table.path, table.cells[keep].reset_index(drop=True),
                  table.row_ids[keep].reset_index(drop=True))
 
 
-def label_codes(table: Table) -> np.ndarray:
-    """The label column as integers; an empty or non-integer cell is refused with its rows."""
-    text = table.cells[schema.LABEL].str.strip()
-    values = pd.to_numeric(text, errors="coerce")
-    bad = values.isna() | (values != values.round())
-    if bad.any():
-        positions = np.flatnonzero(bad.to_numpy())
+def check_labels(table: Table, schema: DatasetSchema) -> None:
+    """Every row labelled: an empty label cell is refused with its rows."""
+    label = schema.label.column
+    empty = table.cells[label].str.strip() == ""
+    if empty.any():
+        positions = np.flatnonzero(empty.to_numpy())
         raise StageError(
-            f"{table.path}: column {schema.LABEL}: empty or not an integer in {spreadsheet_rows(positions)} "
-            f"(e.g. {text[bad].head(3).tolist()}). Fix: remove the unlabelled rows or fill in their label"
+            f"{table.path}: column {label}: empty in {spreadsheet_rows(positions)}. Fix: remove the unlabelled "
+            "rows or fill in their label"
         )
-    return values.astype("int64").to_numpy()

@@ -1,8 +1,8 @@
-"""Download stage: put the PetFinder tutorial layout under ``out_dir`` (default ``data/raw/``), atomically.
+"""Download stage: put the dataset folder under ``out_dir`` (default ``data/raw/dataset``), atomically.
 
-``source: synthetic`` writes the embedded, seeded dataset offline; ``source: url`` streams the tutorial
-zip (optional pinned sha256, retries on transient failures only) and extracts it with every member
-checked. Either way the new tree is built in a staging folder beside ``out_dir`` and swapped in by
+``source: synthetic`` writes the embedded, seeded PetFinder table offline; ``source: url`` streams the
+PetFinder tutorial zip (optional pinned sha256, retries on transient failures only) and extracts it with
+every member checked; ``source: local`` rewrites a table on disk declared by params.yaml ``dataset:``. Either way the new tree is built in a staging folder beside ``out_dir`` and swapped in by
 renames only when complete, so ``out_dir`` is never half-written and a failed run leaves the
 previous one in place. ``manifest.json`` records the source, hashes, row counts and label counts, with
 no timestamps: the same input gives the same bytes (DVC sees no change).
@@ -17,13 +17,14 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from fusion_model import schema
+from fusion_model.dataset import DatasetSchema, resolve_schema
 from tasks._io.folders import recover_dir, swap_dir, temp_dir_beside
 from tasks.download.batches import take_in
 from tasks.download.local import from_local
-from tasks.download.manifest import read_manifest, write_manifest
+from tasks.download.manifest import DATASET_DIRNAME, read_manifest, write_manifest
 from tasks.download.synthetic import generate
 from tasks.download.url import from_url
+from tasks.errors import StageError
 from tasks.params import FEED_KEYS, DownloadParams
 from tasks.validate.drift import no_batch_report, write_drift_report
 
@@ -43,27 +44,29 @@ class DownloadSummary(BaseModel):
     batches_taken_in: list[int] = []
 
 
-def download(p: DownloadParams) -> DownloadSummary:
+def download(p: DownloadParams, dataset: DatasetSchema | None = None) -> DownloadSummary:
     """Write ``p.out_dir`` (dataset folder + manifest.json) from the configured source, all or nothing, then
     take in the arriving batch ``download.synthetic.batch`` (> 0) after its checks (tasks/download/batches.py).
+    `dataset`: the declared table (default: the PetFinder preset).
 
     The base dataset is rebuilt from its source each run, except when the folder already holds accepted
     batches of the same base: rebuilding would drop them, so the accumulated data is kept as it is.
     """
     start = time.perf_counter()
+    schema = dataset or resolve_schema({"preset": "petfinder"})
     out_dir = Path(p.out_dir)
     recover_dir(out_dir)  # an earlier run killed mid-swap: put its previous tree back, drop its leftovers
-    current = read_manifest(out_dir) if (out_dir / schema.DATASET_DIRNAME).is_dir() else None
-    keep = current is not None and current.get("batches") and current.get("base") == base_origin(p)
-    origin = current if keep else _build_base(p, out_dir)
-    batch = take_in(p) if p.synthetic.batch > 0 else None
+    current = read_manifest(out_dir) if (out_dir / DATASET_DIRNAME).is_dir() else None
+    keep = current is not None and current.get("batches") and current.get("base") == base_origin(p, schema)
+    origin = current if keep else _build_base(p, out_dir, schema)
+    batch = take_in(p, schema) if p.synthetic.batch > 0 else None
     if batch is None:
         write_drift_report(no_batch_report(), p.drift_reports)
     manifest = read_manifest(out_dir) or {}
     return DownloadSummary(
         source=p.source,
         out_dir=str(out_dir),
-        dataset_dir=str(out_dir / schema.DATASET_DIRNAME),
+        dataset_dir=str(out_dir / DATASET_DIRNAME),
         sha256=manifest["sha256"],
         rows=manifest["rows"],
         label_counts=manifest["label_counts"],
@@ -76,30 +79,45 @@ def download(p: DownloadParams) -> DownloadSummary:
     )
 
 
-def base_origin(p: DownloadParams) -> dict[str, Any]:
+def base_origin(p: DownloadParams, schema: DatasetSchema) -> dict[str, Any]:
     """What the base dataset is made from (the feed keys of arriving batches left out)."""
+    declared = {"dataset": schema.model_dump(mode="json")}
     if p.source == "synthetic":
-        return {"source": "synthetic", "synthetic": p.synthetic.model_dump(mode="json", exclude=FEED_KEYS)}
+        return {"source": "synthetic", "synthetic": p.synthetic.model_dump(mode="json", exclude=FEED_KEYS), **declared}
     if p.source == "local":
-        return {"source": "local", "local": p.local.model_dump(mode="json")}
-    return {"source": "url", "url": p.url, "sha256": p.sha256}
+        return {"source": "local", "local": p.local.model_dump(mode="json"), **declared}
+    return {"source": "url", "url": p.url, "sha256": p.sha256, **declared}
 
 
-def _build_base(p: DownloadParams, out_dir: Path) -> dict[str, Any]:
+def _petfinder_only(p: DownloadParams, schema: DatasetSchema) -> None:
+    if schema.preset != "petfinder":
+        what = "the embedded dataset" if p.source == "synthetic" else "download.url (the tutorial zip)"
+        raise StageError(
+            f"download.source {p.source}: {what} is the PetFinder table, but dataset.preset is "
+            f"{schema.preset!r}. Fix: set download.source: local with download.local.path at your table, or "
+            "dataset.preset: petfinder")
+
+
+def _build_base(p: DownloadParams, out_dir: Path, schema: DatasetSchema) -> dict[str, Any]:
     """The base dataset from its source, in a staging folder beside out_dir, swapped in whole."""
+    if p.source != "local":
+        _petfinder_only(p, schema)
     # Beside out_dir, so the final swap stays on one filesystem (renames, never copies).
     staging = temp_dir_beside(out_dir, "incoming")
     try:
         new = staging / "new"
         new.mkdir()
         if p.source == "synthetic":
-            generate(new, p.synthetic)
+            try:
+                generate(new, p.synthetic, schema.label.problem_type)
+            except ValueError as e:
+                raise StageError(f"download.source synthetic: {e}") from None
             origin: dict[str, Any] = {"source": "synthetic", "synthetic": p.synthetic.model_dump(mode="json")}
         elif p.source == "local":
-            origin = from_local(p.local, new)
+            origin = from_local(p.local, new, schema)
         else:
             origin = from_url(p, staging, new)
-        write_manifest(new, origin, base_origin(p))
+        write_manifest(new, origin, base_origin(p, schema), schema.label.column)
         swap_dir(new, out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

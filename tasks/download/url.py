@@ -1,4 +1,7 @@
-"""The `url` source: stream the tutorial zip (optional pinned sha256), check every member, extract it."""
+"""The `url` source: stream the PetFinder tutorial zip (optional pinned sha256), check every member, extract it.
+
+The archive holds `petfinder_for_tutorial/{train.csv,test.csv,images/}`; that folder becomes the dataset
+folder (data/raw/dataset)."""
 
 from __future__ import annotations
 
@@ -6,11 +9,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from fusion_model import schema
 from tasks._io.http import fetch
 from tasks._io.safe_zip import safe_extract
+from tasks.download.manifest import DATASET_DIRNAME
 from tasks.errors import StageError
 from tasks.params import DownloadParams
+
+ARCHIVE_DIRNAME = "petfinder_for_tutorial"  # the dataset folder inside the tutorial zip
 
 
 def from_url(p: DownloadParams, staging: Path, new: Path) -> dict[str, Any]:
@@ -27,13 +32,13 @@ def from_url(p: DownloadParams, staging: Path, new: Path) -> dict[str, Any]:
     os.replace(part, archive)
     unpacked = staging / "unpacked"
     members = safe_extract(archive, unpacked)
-    dataset = unpacked / schema.DATASET_DIRNAME
+    dataset = unpacked / ARCHIVE_DIRNAME
     missing = [f for f in ("train.csv", "test.csv") if not (dataset / f).is_file()]
     if missing:
         raise StageError(
-            f"{p.url}: the archive has no {', '.join(f'{schema.DATASET_DIRNAME}/{m}' for m in missing)} "
+            f"{p.url}: the archive has no {', '.join(f'{ARCHIVE_DIRNAME}/{m}' for m in missing)} "
             f"(first members: {members[:5]}); it is not the PetFinder tutorial layout. Check download.url."
         )
-    os.replace(dataset, new / schema.DATASET_DIRNAME)
+    os.replace(dataset, new / DATASET_DIRNAME)
     return {"source": "url", "url": p.url, "archive_sha256": got.sha256, "archive_bytes": got.bytes,
             "sha256_pinned": bool(p.sha256), "attempts": got.attempts}

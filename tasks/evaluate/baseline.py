@@ -1,121 +1,253 @@
 """The classical baseline every evaluation reports beside the fusion model: what the network must beat.
 
 scikit-learn only, fitted on the rows the network is fitted on (the validated train split), stopped early
-on the rows the network picks its epoch on (the val split), scored on the same test rows:
+on the rows the network picks its epoch on (the val split), scored on the same test rows, and given every
+signal the network gets (the columns by role of the dataset schema):
 
-- a TF-IDF linear text model (word uni+bigrams of Name + Description, logistic regression), whose
-  out-of-fold probabilities on the training rows (and the full-fit probabilities on the test rows) become
-  features of
-- a gradient-boosted tree model (HistGradientBoosting) on the tabular columns, codes as categories, plus
-  the lengths of the texts.
+- text: a TF-IDF linear model of the text columns (word uni+bigrams; logistic regression for classes, ridge
+  regression for ordinal and regression labels);
+- images: a linear model of cheap colour features of each row's photo (an 8x8 thumbnail and per-channel
+  histograms, the photo the network uses);
+- their out-of-fold scores on the training rows (full-fit scores on the other rows) are features, beside
+  the tabular columns (codes as categories, numbers), the lengths of the texts and the same training-row
+  frequencies the network counts (`dataset.frequency`), of
+- a gradient-boosted tree model (HistGradientBoosting): a classifier for binary and multiclass labels, a
+  regressor for ordinal (on the class index) and regression labels (on the transformed target).
 
-Stacking out of fold keeps the text score honest: a score fitted on a row never describes that row. The
-network alone is compared with this; the network never sees the baseline's output.
+The decision rule is fitted on the validation rows as the network's is (fusion_model/decision.py:
+ordinal cut points, multiclass class biases). Stacking out of fold keeps each score honest: a score
+fitted on a row never describes that row. The network alone is compared with this; the network never
+sees the baseline's output.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from sklearn.ensemble import HistGradientBoostingClassifier
+from PIL import Image
+from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
 from sklearn.feature_extraction.text import TfidfVectorizer
-from sklearn.linear_model import LogisticRegression
-from sklearn.model_selection import StratifiedKFold
+from sklearn.linear_model import LogisticRegression, Ridge
+from sklearn.model_selection import KFold, StratifiedKFold
 from sklearn.multiclass import OneVsRestClassifier
+from sklearn.preprocessing import StandardScaler
 
-from fusion_model.schema import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS, TEXT_COLUMNS
+from fusion_model.dataset import DatasetSchema, canonical, row_images
+from fusion_model.decision import apply_cutpoints, fit_class_bias, fit_cutpoints
+from fusion_model.predict import Predictions
 
-NAME = "HistGradientBoosting(tabular + text lengths) + out-of-fold TF-IDF logistic text score"
+NAME = ("HistGradientBoosting(tabular + text lengths + frequencies) + out-of-fold TF-IDF text and "
+        "colour-feature image scores")
 FOLDS = 5
 # A category seen fewer times than this in training is "other": trees cannot learn from a handful of rows,
 # and HistGradientBoosting takes at most 255 categories per column.
 MIN_CATEGORY_ROWS = 5
 MAX_CATEGORIES = 250
+THUMBNAIL = 8  # the photo's colours on an 8x8 grid
+HISTOGRAM_BINS = 8  # per RGB channel
 
 
 @dataclass(frozen=True)
 class BaselineResult:
-    proba: np.ndarray  # test rows x classes, columns in `classes` order
+    predictions: Predictions  # the test rows
     seconds: float
-    others: tuple[np.ndarray, ...] = ()  # the same for each extra table scored (e.g. a batch's holdout)
+    others: tuple[Predictions, ...] = ()  # the same for each extra table scored (e.g. a batch's holdout)
 
 
-def _texts(df: pd.DataFrame) -> pd.Series:
-    return df[list(TEXT_COLUMNS)].fillna("").astype(str).agg(" ".join, axis=1)
+@dataclass(frozen=True)
+class Task:
+    problem_type: str
+    num_classes: int  # 0 for regression
+    transform: str = "none"
+
+    @property
+    def classifies(self) -> bool:
+        """The trees and the text model predict classes (binary, multiclass); else a number."""
+        return self.problem_type in ("binary", "multiclass")
 
 
-def _text_model(seed: int, n_classes: int) -> LogisticRegression | OneVsRestClassifier:
-    # liblinear is the fastest solver on this sparse text; for the 0-4 label one-vs-rest liblinear models
+def _texts(df: pd.DataFrame, columns: list[str]) -> pd.Series:
+    return df[columns].fillna("").astype(str).agg(" ".join, axis=1)
+
+
+def _linear(task: Task, seed: int) -> LogisticRegression | OneVsRestClassifier | Ridge:
+    if not task.classifies:
+        return Ridge(alpha=1.0)
+    # liblinear is the fastest solver on sparse text; for several classes one-vs-rest liblinear models
     # score as well as the multinomial fit in a fraction of its time (BENCHMARKS.md)
     binary = LogisticRegression(C=2.0, solver="liblinear", max_iter=2000, random_state=seed)
-    return binary if n_classes == 2 else OneVsRestClassifier(binary)
+    return binary if task.num_classes == 2 else OneVsRestClassifier(binary)
 
 
-def _text_scores(train: pd.DataFrame, tests: list[pd.DataFrame], y: np.ndarray,
+def _score(model: object, x: object, task: Task) -> np.ndarray:
+    """A linear model's output as stacking features: class probabilities (one redundant column dropped), or
+    the predicted number as one column."""
+    if task.classifies:
+        return model.predict_proba(x)[:, 1:]  # type: ignore[attr-defined]
+    return model.predict(x)[:, None]  # type: ignore[attr-defined]
+
+
+def _out_of_fold(x_train: object, tests: list[object], y: np.ndarray, task: Task, seed: int
+                 ) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Out-of-fold scores of a linear model on the training rows; full-fit scores on each other table."""
+    width = task.num_classes - 1 if task.classifies else 1
+    oof = np.zeros((len(y), width))
+    if task.classifies:
+        folds = StratifiedKFold(n_splits=max(2, min(FOLDS, int(np.bincount(y).min()))), shuffle=True,
+                                random_state=seed)
+    else:
+        folds = KFold(n_splits=FOLDS, shuffle=True, random_state=seed)
+    for fit_rows, score_rows in folds.split(np.zeros(len(y)), y):
+        model = _linear(task, seed).fit(x_train[fit_rows], y[fit_rows])  # type: ignore[index]
+        oof[score_rows] = _score(model, x_train[score_rows], task)  # type: ignore[index]
+    model = _linear(task, seed).fit(x_train, y)
+    return oof, [_score(model, x, task) for x in tests]
+
+
+def _text_scores(train: pd.DataFrame, tests: list[pd.DataFrame], y: np.ndarray, task: Task, columns: list[str],
                  seed: int) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Out-of-fold class probabilities of the text model on `train`; full-fit probabilities on each test.
-
-    The vocabulary and idf are fitted once on all training texts (no labels in them: the folds still
+    """The vocabulary and idf are fitted once on all training texts (no labels in them: the folds still
     never see the labels of the rows they score), which is most of the cost."""
     vectorizer = TfidfVectorizer(ngram_range=(1, 2), min_df=2, max_features=200_000, sublinear_tf=True,
                                  strip_accents="unicode")
-    x = vectorizer.fit_transform(_texts(train))
-    n_classes = len(np.unique(y))
-    oof = np.zeros((len(train), n_classes))
-    folds = StratifiedKFold(n_splits=min(FOLDS, int(np.bincount(y).min())), shuffle=True, random_state=seed)
-    for fit_rows, score_rows in folds.split(x, y):
-        oof[score_rows] = _text_model(seed, n_classes).fit(x[fit_rows], y[fit_rows]).predict_proba(x[score_rows])
-    model = _text_model(seed, n_classes).fit(x, y)
-    return oof, [model.predict_proba(vectorizer.transform(_texts(test))) for test in tests]
+    try:
+        x = vectorizer.fit_transform(_texts(train, columns))
+    except ValueError:  # no word occurs in two training rows: nothing to learn from
+        return np.zeros((len(train), 0)), [np.zeros((len(t), 0)) for t in tests]
+    return _out_of_fold(x, [vectorizer.transform(_texts(t, columns)) for t in tests], y, task, seed)
 
 
-def _tabular(df: pd.DataFrame, categories: dict[str, list[int]]) -> pd.DataFrame:
+def image_features(df: pd.DataFrame, images_root: Path, image_columns: list[str], image_index: int) -> np.ndarray:
+    """Per row: the chosen photo's colours on a THUMBNAIL x THUMBNAIL grid and a histogram per channel
+    (NaN for a row without a photo)."""
+    width = 3 * THUMBNAIL * THUMBNAIL + 3 * HISTOGRAM_BINS
+    out = np.full((len(df), width), np.nan, dtype=np.float32)
+    for i, row in enumerate(df[image_columns].to_dict("records")):
+        paths = row_images(row, image_columns)
+        if not paths:
+            continue
+        with Image.open(images_root / paths[min(image_index, len(paths) - 1)]) as im:
+            im.draft("RGB", (4 * THUMBNAIL, 4 * THUMBNAIL))  # decode at a fraction of the size
+            rgb = np.asarray(im.convert("RGB").resize((32, 32), Image.BILINEAR), dtype=np.float32) / 255.0
+        thumb = rgb.reshape(THUMBNAIL, 32 // THUMBNAIL, THUMBNAIL, 32 // THUMBNAIL, 3).mean(axis=(1, 3))
+        hist = [np.histogram(rgb[..., c], bins=HISTOGRAM_BINS, range=(0, 1))[0] / rgb[..., c].size for c in range(3)]
+        out[i] = np.concatenate([thumb.ravel(), *hist])
+    return out
+
+
+def _image_scores(train: pd.DataFrame, tests: list[pd.DataFrame], y: np.ndarray, task: Task, images_root: Path,
+                  columns: list[str], image_index: int, seed: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Out-of-fold image scores; NaN for rows without a photo (the trees treat NaN as missing)."""
+    feats = [image_features(t, images_root, columns, image_index) for t in (train, *tests)]
+    has = [~np.isnan(f).any(axis=1) for f in feats]
+    width = task.num_classes - 1 if task.classifies else 1
+    if has[0].sum() < 2 * FOLDS or (task.classifies and len(np.unique(y[has[0]])) < 2):
+        return np.full((len(train), 0), np.nan), [np.zeros((len(t), 0)) for t in tests]
+    scaler = StandardScaler().fit(feats[0][has[0]])
+    scaled = [scaler.transform(np.nan_to_num(f)) for f in feats]
+    oof_rows, test_scores = _out_of_fold(scaled[0][has[0]], [s for s in scaled[1:]], y[has[0]], task, seed)
+    oof = np.full((len(train), width), np.nan)
+    oof[has[0]] = oof_rows
+    return oof, [np.where(h[:, None], s, np.nan) for h, s in zip(has[1:], test_scores, strict=True)]
+
+
+def _frequent_categories(train: pd.DataFrame, columns: list[str]) -> dict[str, list[str]]:
+    out = {}
+    for col in columns:
+        counts = train[col].map(canonical).value_counts()
+        out[col] = sorted(str(c) for c in counts[counts >= MIN_CATEGORY_ROWS].index[:MAX_CATEGORIES])
+    return out
+
+
+def _tabular(df: pd.DataFrame, schema: DatasetSchema, categories: dict[str, list[str]],
+             counts: dict[str, pd.Series], in_train: bool) -> pd.DataFrame:
     out = pd.DataFrame(index=df.index)
-    for col in CATEGORICAL_COLUMNS:
-        out[col] = pd.Categorical(df[col].where(df[col].isin(categories[col])), categories=categories[col])
-    for col in NUMERIC_COLUMNS:
-        out[col] = df[col].astype("float64")
-    for col in TEXT_COLUMNS:
+    for col in schema.columns.categorical:
+        values = df[col].map(canonical)
+        out[col] = pd.Categorical(values.where(values.isin(categories[col])), categories=categories[col])
+    for col in schema.columns.numerical:
+        out[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
+    for col in schema.columns.text:
         text = df[col].fillna("").astype(str)
         out[f"{col}_chars"] = text.str.len()
         out[f"{col}_words"] = text.str.split().str.len()
+    for col, table in counts.items():  # the network's frequencies: a training row leaves itself out
+        keys = df[col].map(canonical) if col in df.columns else pd.Series("", index=df.index)
+        n = keys.map(table).fillna(0).to_numpy(dtype=float, copy=True)
+        n[keys.to_numpy() == ""] = 0
+        out[f"{col}_frequency"] = np.clip(n - 1, 0, None) if in_train else n
     return out
 
 
-def _frequent_categories(train: pd.DataFrame) -> dict[str, list[int]]:
-    out = {}
-    for col in CATEGORICAL_COLUMNS:
-        counts = train[col].value_counts()
-        out[col] = sorted(int(c) for c in counts[counts >= MIN_CATEGORY_ROWS].index[:MAX_CATEGORIES])
-    return out
+def _target(y: np.ndarray, task: Task) -> np.ndarray:
+    if task.problem_type == "regression" and task.transform == "log1p":
+        return np.log1p(np.clip(y, 0, None))
+    return y.astype(np.float64) if not task.classifies else y
 
 
-def fit_and_score(train: pd.DataFrame, val: pd.DataFrame, test: pd.DataFrame, classes: list[int], seed: int,
-                  others: tuple[pd.DataFrame, ...] = ()) -> BaselineResult:
-    """Fit on `train`, stop the trees early on `val` (validated rows with the label), return class
-    probabilities for `test` (and `others`)."""
+def fit_and_score(train: pd.DataFrame, val: pd.DataFrame, test: pd.DataFrame, y_train: np.ndarray,
+                  y_val: np.ndarray, schema: DatasetSchema, problem_type: str, num_classes: int, seed: int,
+                  images_root: Path, image_index: int = 0, others: tuple[pd.DataFrame, ...] = ()) -> BaselineResult:
+    """Fit on `train` (labels `y_train`: class indices, or values for regression), stop the trees early and
+    fit the decision rule on `val`, return the predictions for `test` (and `others`)."""
     started = time.perf_counter()
-    index = {c: i for i, c in enumerate(classes)}
-    y, y_val = train[LABEL].map(index).to_numpy(), val[LABEL].map(index).to_numpy()
+    task = Task(problem_type, num_classes if problem_type != "regression" else 0, schema.label.transform)
+    target = _target(y_train, task)
     tests = [val, test, *others]
-    oof, text_scores = _text_scores(train, tests, y, seed)
-    categories = _frequent_categories(train)
-    x_train, x_tests = _tabular(train, categories), [_tabular(t, categories) for t in tests]
-    for k in range(1, oof.shape[1]):  # one column is redundant (rows sum to 1)
-        x_train[f"text_score_{k}"] = oof[:, k]
-        for x, scores in zip(x_tests, text_scores, strict=True):
-            x[f"text_score_{k}"] = scores[:, k]
-    gbdt = HistGradientBoostingClassifier(
-        learning_rate=0.05, max_iter=600, max_leaf_nodes=31, min_samples_leaf=30, l2_regularization=1.0,
-        categorical_features="from_dtype", early_stopping=True, n_iter_no_change=30, random_state=seed,
-    )
-    gbdt.fit(x_train, y, X_val=x_tests[0], y_val=y_val)
-    probas = []
-    for x in x_tests[1:]:
-        proba = np.zeros((len(x), len(classes)))
-        proba[:, gbdt.classes_] = gbdt.predict_proba(x)
-        probas.append(proba)
-    return BaselineResult(proba=probas[0], seconds=round(time.perf_counter() - started, 2), others=tuple(probas[1:]))
+    categories = _frequent_categories(train, schema.columns.categorical)
+    counts = {c: train[c].map(canonical).value_counts() for c in schema.frequency if c in train.columns}
+    x_train = _tabular(train, schema, categories, counts, in_train=True)
+    x_tests = [_tabular(t, schema, categories, counts, in_train=False) for t in tests]
+    stacked: list[tuple[str, tuple[np.ndarray, list[np.ndarray]]]] = []
+    if schema.columns.text:
+        stacked.append(("text", _text_scores(train, tests, target, task, schema.columns.text, seed)))
+    if schema.columns.image:
+        stacked.append(("image", _image_scores(train, tests, target, task, images_root, schema.columns.image,
+                                               image_index, seed)))
+    for name, (oof, scores) in stacked:
+        for k in range(oof.shape[1]):
+            x_train[f"{name}_score_{k}"] = oof[:, k]
+            for x, s in zip(x_tests, scores, strict=True):
+                x[f"{name}_score_{k}"] = s[:, k]
+    trees = dict(learning_rate=0.05, max_iter=600, max_leaf_nodes=31, min_samples_leaf=30, l2_regularization=1.0,
+                 categorical_features="from_dtype", early_stopping=True, n_iter_no_change=30, random_state=seed)
+    if task.classifies:
+        gbdt: HistGradientBoostingClassifier | HistGradientBoostingRegressor = HistGradientBoostingClassifier(**trees)
+    else:
+        gbdt = HistGradientBoostingRegressor(**trees)
+    gbdt.fit(x_train, target, X_val=x_tests[0], y_val=_target(y_val, task))
+    results = [_predict(gbdt, x, task) for x in x_tests]
+    results = _decide(results, y_val, task)
+    return BaselineResult(predictions=results[1], seconds=round(time.perf_counter() - started, 2),
+                          others=tuple(results[2:]))
+
+
+def _predict(gbdt: object, x: pd.DataFrame, task: Task) -> Predictions:
+    if task.classifies:
+        proba = np.zeros((len(x), task.num_classes))
+        proba[:, gbdt.classes_] = gbdt.predict_proba(x)  # type: ignore[attr-defined]
+        return Predictions(prediction=proba.argmax(1), proba=proba,
+                           score=proba[:, 1] if task.problem_type == "binary" else None)
+    value = gbdt.predict(x)  # type: ignore[attr-defined]
+    if task.problem_type == "regression":
+        value = np.expm1(value) if task.transform == "log1p" else value
+        return Predictions(prediction=value, proba=None, score=value)
+    return Predictions(prediction=np.clip(np.rint(value), 0, task.num_classes - 1).astype(np.int64), proba=None,
+                       score=value)
+
+
+def _decide(results: list[Predictions], y_val: np.ndarray, task: Task) -> list[Predictions]:
+    """The decision rule fitted on the validation rows (results[0]), applied to every table."""
+    if task.problem_type == "ordinal":
+        cuts = fit_cutpoints(results[0].score, y_val, task.num_classes)  # type: ignore[arg-type]
+        return [Predictions(prediction=apply_cutpoints(r.score, cuts), proba=None, score=r.score)  # type: ignore[arg-type]
+                for r in results]
+    if task.problem_type == "multiclass":
+        bias = fit_class_bias(np.log(np.clip(results[0].proba, 1e-12, None)), y_val)  # type: ignore[arg-type]
+        return [Predictions(prediction=(np.log(np.clip(r.proba, 1e-12, None)) + bias).argmax(1), proba=r.proba,
+                            score=None) for r in results]
+    return results

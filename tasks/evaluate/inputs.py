@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
+from fusion_model.dataset import DatasetSchema
 from fusion_model.layout import CONVERSION_MANIFEST, MODEL_CONFIG, MODEL_FILES, WEIGHTS
+from fusion_model.metrics import class_indices
 from tasks._io.files import read_json
 from tasks._io.hashing import sha256_file
 from tasks.errors import StageError
@@ -56,13 +60,54 @@ def check_model_dir(model_dir: Path) -> None:
         raise StageError(problem)
 
 
-def load_test_set(data_dir: Path) -> tuple[pd.DataFrame, dict[str, Any], Path]:
-    """The validated test table, its meta.json and the images root the table's relative paths start from."""
+@dataclass
+class TestSet:
+    """The validated test table with what scoring it needs: the schema, the label's classes, the labels as
+    the metrics take them (class indices, or values for regression) and the images root."""
+
+    table: pd.DataFrame
+    meta: dict[str, Any]
+    images_root: Path
+    schema: DatasetSchema
+    problem_type: str
+    classes: list[int | str]
+
+    @property
+    def label(self) -> str:
+        return self.schema.label.column
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def y(self) -> np.ndarray:
+        return self.labels_of(self.table)
+
+    def labels_of(self, df: pd.DataFrame) -> np.ndarray:
+        if self.problem_type == "regression":
+            return df[self.label].to_numpy(dtype=np.float64)
+        try:
+            return class_indices(df[self.label].tolist(), self.classes)
+        except ValueError as e:
+            raise StageError(f"{e}; re-run validate so every table holds the training rows' classes") from None
+
+    def values(self, prediction: np.ndarray) -> np.ndarray:
+        """Predicted class indices -> class values (regression: as they are)."""
+        if self.problem_type == "regression":
+            return np.asarray(prediction)
+        values = np.asarray(self.classes, dtype=object)[np.asarray(prediction, dtype=np.int64)]
+        return values.astype(np.int64) if all(isinstance(c, int) for c in self.classes) else values
+
+
+def load_test_set(data_dir: Path) -> TestSet:
+    """The validated test table, its meta.json (with the dataset schema) and the images root the table's
+    relative paths start from."""
     fix = "Run `python -m tasks validate` to write data/validated/."
     meta = read_json(data_dir / "meta.json", fix)
-    for key in ("dataset_root", "label", "label_kind", "classes"):
+    for key in ("dataset_root", "label", "problem_type", "classes", "schema"):
         if key not in meta:
-            raise StageError(f"{data_dir / 'meta.json'}: no `{key}` key. {fix}")
+            raise StageError(f"{data_dir / 'meta.json'}: no `{key}` key (an older validate stage wrote it). {fix}")
     test_path = data_dir / "test.parquet"
     if not test_path.is_file():
         raise StageError(f"{test_path}: missing. {fix}")
@@ -74,7 +119,9 @@ def load_test_set(data_dir: Path) -> tuple[pd.DataFrame, dict[str, Any], Path]:
         raise StageError(f"{test_path}: no rows to evaluate. Check the raw test.csv and re-run validate.")
     root = Path(meta["dataset_root"])
     images_root = root if root.is_absolute() else data_dir / root
-    return table, meta, images_root
+    return TestSet(table=table, meta=meta, images_root=images_root,
+                   schema=DatasetSchema.model_validate(meta["schema"]), problem_type=meta["problem_type"],
+                   classes=list(meta["classes"]))
 
 
 def load_predictor(model_dir: Path) -> Any:

@@ -1,7 +1,12 @@
 """Evaluation plots a person can open offline (matplotlib PNG) and the same data as CSV for `dvc plots`.
 
 DVC's HTML loads Vega from a CDN and is blank offline, so the PNGs are the human view; the CSVs are what
-dvc.yaml's `plots:` section points at (`roc.csv`: fpr,tpr; `confusion.csv`: actual,predicted per row).
+dvc.yaml's top-level `plots:` section points at. What is drawn follows the problem type:
+- classification (binary, multiclass, ordinal): `roc.csv` (fpr,tpr: the positive class for binary, the
+  micro-average one-vs-rest otherwise) + `roc.png`, `confusion.csv` (actual,predicted per row, DVC's
+  confusion template) + `confusion_matrix.png`;
+- regression: `residuals.csv` (actual,predicted per row, DVC's scatter template) + `predicted_vs_actual.png`
+  and `residuals.png`.
 """
 
 from __future__ import annotations
@@ -18,34 +23,37 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from sklearn.metrics import ConfusionMatrixDisplay, auc, confusion_matrix, roc_curve  # noqa: E402
 
+PLOTS_DIR = "plots"
 
-def roc_points(y_true: np.ndarray, proba: np.ndarray, classes: Sequence[int]) -> pd.DataFrame:
-    """The ROC curve DVC plots: class 1 vs 0 for binary, micro-averaged one-vs-rest for multiclass."""
-    y = np.asarray(y_true)
-    if len(classes) == 2:
-        fpr, tpr, thr = roc_curve(y, proba[:, 1], pos_label=classes[1])
+
+def roc_points(y: np.ndarray, proba: np.ndarray) -> pd.DataFrame:
+    """The ROC curve DVC plots (`y`: class indices): class 1 vs 0 for two classes, micro-averaged
+    one-vs-rest for more."""
+    y = np.asarray(y)
+    if proba.shape[1] == 2:
+        fpr, tpr, thr = roc_curve(y, proba[:, 1], pos_label=1)
     else:
-        onehot = (y[:, None] == np.asarray(classes)[None, :]).astype(int)
+        onehot = (y[:, None] == np.arange(proba.shape[1])[None, :]).astype(int)
         fpr, tpr, thr = roc_curve(onehot.ravel(), proba.ravel())
     # roc_curve's first threshold is +inf (the (0, 0) point); CSV and JSON readers choke on inf.
     thr = np.where(np.isfinite(thr), thr, 1.0)
     return pd.DataFrame({"fpr": fpr, "tpr": tpr, "threshold": thr})
 
 
-def write_roc(out_dir: Path, y_true: np.ndarray, proba: np.ndarray, classes: Sequence[int]) -> tuple[Path, Path]:
-    """roc.csv (fpr,tpr,threshold) and roc.png; multiclass PNGs also draw each class one-vs-rest."""
-    points = roc_points(y_true, proba, classes)
+def write_roc(out_dir: Path, y: np.ndarray, proba: np.ndarray, classes: Sequence[object]) -> list[Path]:
+    """roc.csv (fpr,tpr,threshold) and roc.png; for more than two classes the PNG also draws each class."""
+    points = roc_points(y, proba)
     csv_path, png_path = out_dir / "roc.csv", out_dir / "roc.png"
     points.to_csv(csv_path, index=False, float_format="%.6g")
 
     fig, ax = plt.subplots(figsize=(5, 5), dpi=100)
-    label = "class 1 vs 0" if len(classes) == 2 else "micro-average"
+    label = f"class {classes[1]} vs {classes[0]}" if len(classes) == 2 else "micro-average"
     ax.plot(points.fpr, points.tpr, lw=2, label=f"{label} (AUC {auc(points.fpr, points.tpr):.3f})")
     if len(classes) > 2:
-        y = np.asarray(y_true)
+        y = np.asarray(y)
         for i, c in enumerate(classes):
-            if 0 < (y == c).sum() < len(y):  # a class absent from the labels has no curve
-                fpr, tpr, _ = roc_curve(y == c, proba[:, i])
+            if 0 < (y == i).sum() < len(y):  # a class absent from the labels has no curve
+                fpr, tpr, _ = roc_curve(y == i, proba[:, i])
                 ax.plot(fpr, tpr, lw=1, alpha=0.7, label=f"class {c} (AUC {auc(fpr, tpr):.3f})")
     ax.plot([0, 1], [0, 1], ls="--", color="grey", lw=1, label="chance")
     ax.set(xlabel="false positive rate", ylabel="true positive rate", title="ROC curve (test set)")
@@ -55,22 +63,47 @@ def write_roc(out_dir: Path, y_true: np.ndarray, proba: np.ndarray, classes: Seq
     fig.tight_layout()
     fig.savefig(png_path)
     plt.close(fig)
-    return csv_path, png_path
+    return [csv_path, png_path]
 
 
-def write_confusion(
-    out_dir: Path, y_true: np.ndarray, y_pred: np.ndarray, classes: Sequence[int]
-) -> tuple[Path, Path]:
-    """confusion.csv (one actual,predicted pair per row, DVC's confusion template) and confusion_matrix.png."""
+def write_confusion(out_dir: Path, y: np.ndarray, prediction: np.ndarray, classes: Sequence[object]) -> list[Path]:
+    """confusion.csv (one actual,predicted pair of class names per row, DVC's confusion template) and
+    confusion_matrix.png (`y`, `prediction`: class indices)."""
     csv_path, png_path = out_dir / "confusion.csv", out_dir / "confusion_matrix.png"
-    pd.DataFrame({"actual": np.asarray(y_true, dtype=int), "predicted": np.asarray(y_pred, dtype=int)}).to_csv(
-        csv_path, index=False
-    )
-    matrix = confusion_matrix(y_true, y_pred, labels=list(classes))
-    fig, ax = plt.subplots(figsize=(5, 4.5), dpi=100)
-    ConfusionMatrixDisplay(matrix, display_labels=list(classes)).plot(ax=ax, cmap="Blues", colorbar=False)
+    names = np.asarray([str(c) for c in classes], dtype=object)
+    pd.DataFrame({"actual": names[np.asarray(y, dtype=int)],
+                  "predicted": names[np.asarray(prediction, dtype=int)]}).to_csv(csv_path, index=False)
+    matrix = confusion_matrix(y, prediction, labels=list(range(len(classes))))
+    size = max(4.5, 0.5 * len(classes) + 2.5)
+    fig, ax = plt.subplots(figsize=(size + 0.5, size), dpi=100)
+    ConfusionMatrixDisplay(matrix, display_labels=list(names)).plot(ax=ax, cmap="Blues", colorbar=False,
+                                                                    xticks_rotation=45 if len(classes) > 4 else 0)
     ax.set_title("Confusion matrix (test set, rows = actual)")
     fig.tight_layout()
     fig.savefig(png_path)
     plt.close(fig)
-    return csv_path, png_path
+    return [csv_path, png_path]
+
+
+def write_regression(out_dir: Path, y: np.ndarray, prediction: np.ndarray, label: str) -> list[Path]:
+    """residuals.csv (actual,predicted per row), predicted_vs_actual.png and residuals.png."""
+    y, prediction = np.asarray(y, dtype=float), np.asarray(prediction, dtype=float)
+    csv_path = out_dir / "residuals.csv"
+    pd.DataFrame({"actual": y, "predicted": prediction}).to_csv(csv_path, index=False, float_format="%.6g")
+    scatter, hist = out_dir / "predicted_vs_actual.png", out_dir / "residuals.png"
+    fig, ax = plt.subplots(figsize=(5, 5), dpi=100)
+    ax.scatter(y, prediction, s=6, alpha=0.5)
+    low, high = float(min(y.min(), prediction.min())), float(max(y.max(), prediction.max()))
+    ax.plot([low, high], [low, high], ls="--", color="grey", lw=1, label="perfect")
+    ax.set(xlabel=f"actual {label}", ylabel=f"predicted {label}", title="Predicted vs actual (test set)")
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(scatter)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(5, 4), dpi=100)
+    ax.hist(prediction - y, bins=40)
+    ax.set(xlabel=f"predicted - actual {label}", ylabel="rows", title="Residuals (test set)")
+    fig.tight_layout()
+    fig.savefig(hist)
+    plt.close(fig)
+    return [csv_path, scatter, hist]

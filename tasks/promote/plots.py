@@ -17,6 +17,7 @@ matplotlib.use("Agg")  # files only, no display
 
 import matplotlib.pyplot as plt  # noqa: E402
 
+from fusion_model.metrics import greater_is_better  # noqa: E402
 from tasks._io.files import write_bytes  # noqa: E402
 
 SCORE_HISTORY = "score_history.png"
@@ -53,7 +54,9 @@ def write_score_history(decisions: list[dict[str, Any]], out: Path) -> Path | No
     baseline = [(r, d["baseline_score"]) for r, d in decisions_only if d.get("baseline_score") is not None]
     if baseline:
         ax.plot(*zip(*baseline, strict=True), color="grey", linestyle=":", marker=".", label="classical baseline")
-    ax.set(title=f"{metric} on the frozen test set, run by run", xlabel="promotion decision (run) or rollback", ylabel=metric)
+    direction = "" if greater_is_better(metric) else " (lower is better)"
+    ax.set(title=f"{metric} on the frozen test set, run by run{direction}", xlabel="promotion decision (run) or rollback",
+           ylabel=metric)
     ax.set_xticks(runs)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

@@ -19,18 +19,24 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 import pandas as pd
 from filelock import FileLock, Timeout
 from pydantic import BaseModel
 
 from fusion_model.layout import MODEL_FILES, WEIGHTS
+from fusion_model.metrics import greater_is_better
 from tasks._io import hashing
 from tasks._io.files import read_json, read_json_if_present
 from tasks._io.hashing import sha256_file
 from tasks._io.jsonl import append_jsonl, read_jsonl
 from tasks.errors import StageError
-from tasks.evaluate.inputs import load_predictor, load_test_set, missing_model_files, model_dir_problem
+from tasks.evaluate.inputs import (
+    TestSet,
+    load_predictor,
+    load_test_set,
+    missing_model_files,
+    model_dir_problem,
+)
 from tasks.evaluate.metrics import fingerprint_test_set, primary_score
 from tasks.params import PromoteParams
 from tasks.promote import registry
@@ -145,7 +151,7 @@ def baseline_status(metrics: dict[str, Any], path: Path) -> tuple[bool, str]:
     if not isinstance(vs, dict) or "delta" not in vs:
         return False, (f"{path} has no baseline score, and promote.require_beat_baseline is true: run evaluate "
                        "with evaluate.baseline: true, or set promote.require_beat_baseline: false")
-    if vs["delta"] < 0:
+    if vs.get("improvement", vs["delta"]) < 0:
         return False, (f"the challenger loses to the classical baseline: {vs['metric']} {vs['model']:.4f} vs "
                        f"baseline {vs['baseline']:.4f} ({vs['delta']:+.4f}) on the same test rows")
     return True, f"beats the classical baseline ({vs['model']:.4f} vs {vs['baseline']:.4f})"
@@ -164,28 +170,30 @@ def _champion_state(champion_dir: Path) -> dict[str, Any] | None:
     return read_json(champion_dir / "metrics.json", "Restore the champion's metrics.json.")
 
 
-def rescore(model_dir: Path, data_dir: Path, batch_size: int) -> float | None:
-    """A model's primary metric on the current test set; None if it predicts another label set."""
-    table, meta, images_root = load_test_set(data_dir)
-    return score_on(model_dir, table, meta, images_root, batch_size)
+def rescore(model_dir: Path, data_dir: Path, batch_size: int, metric: str) -> float | None:
+    """A model's `metric` on the current test set; None if it predicts another label set."""
+    test = load_test_set(data_dir)
+    return score_on(model_dir, test, test.table, batch_size, metric)
 
 
-def score_on(model_dir: Path, table: Any, meta: dict[str, Any], images_root: Path, batch_size: int) -> float | None:
-    """A model's primary metric on a validated table; None if it predicts another label set."""
+def score_on(model_dir: Path, test: TestSet, table: pd.DataFrame, batch_size: int, metric: str) -> float | None:
+    """A model's `metric` on a validated table of the test set's data; None if it predicts another label set
+    (another label, problem type or classes: its scores would not be comparable)."""
     predictor = load_predictor(model_dir)
-    proba = np.asarray(predictor.predict_proba(table.drop(columns=[meta["label"]]), images_root, batch_size=batch_size))
-    classes = [int(c) for c in meta["classes"]]
-    width = 1 if proba.ndim == 1 else proba.shape[1]
-    if width != len(classes) and not (width == 1 and len(classes) == 2):
+    comparable = (predictor.schema.label.column == test.label
+                  and (predictor.problem_type == "regression") == (test.problem_type == "regression")
+                  and [str(c) for c in predictor.classes] == [str(c) for c in test.classes])
+    if not comparable:
         return None
-    return primary_score(table[meta["label"]].to_numpy(), proba, classes, meta["label_kind"])
+    out = predictor.predict_outputs(table.drop(columns=[test.label]), test.images_root, batch_size=batch_size)
+    return primary_score(test.labels_of(table), out, test.problem_type, test.num_classes, metric)
 
 
 def _decide(p: PromoteParams, challenger: dict[str, Any]) -> PromotionDecision:
     metric, score = _metric_of(challenger, p.eval_dir / "metrics.json", "")
     fingerprint = challenger["test_set"]["fingerprint"]
-    table, meta, _ = load_test_set(p.data_dir)
-    current = fingerprint_test_set(table, meta["label"])
+    test = load_test_set(p.data_dir)
+    current = fingerprint_test_set(test.table, test.label)
     if current != fingerprint:
         raise StageError(
             f"{p.eval_dir / 'metrics.json'} was computed on another test set than {p.data_dir / 'test.parquet'} "
@@ -222,7 +230,7 @@ def _decide(p: PromoteParams, challenger: dict[str, Any]) -> PromotionDecision:
             decision["champion_score"] = _metric_of(champion, p.champion_dir / "metrics.json", "")[1]
         elif passed:  # re-scoring costs a pass over the test set: only when the answer can matter
             decision["champion_rescored"] = True
-            decision["champion_score"] = rescore(p.champion_dir, p.data_dir, p.batch_size)
+            decision["champion_score"] = rescore(p.champion_dir, p.data_dir, p.batch_size, metric)
 
     if not passed:
         return PromotionDecision(promoted=False, reason=refusal, **decision)
@@ -232,15 +240,20 @@ def _decide(p: PromoteParams, challenger: dict[str, Any]) -> PromotionDecision:
     if old is None:
         return PromotionDecision(
             promoted=True,
-            reason=f"the champion predicts another label set than the current test set ({meta['classes']})",
+            reason=f"the champion predicts another label than the current test set's ({test.label}, "
+                   f"{test.problem_type}, classes {test.classes})",
             **decision,
         )
-    delta = score - old
+    # how much better the challenger is, whichever way the metric points (rmse: lower is better)
+    delta = score - old if greater_is_better(metric) else old - score
     on = "re-scored on the current test set" if decision["champion_rescored"] else "same test set"
+    lower = "" if greater_is_better(metric) else ", lower is better"
     if delta > 0 and delta >= p.min_delta:
-        reason = f"{metric} {score:.4f} beats champion {old:.4f} by {delta:+.4f} >= min_delta {p.min_delta} ({on})"
+        reason = (f"{metric} {score:.4f} beats champion {old:.4f} by {delta:+.4f} >= min_delta {p.min_delta} "
+                  f"({on}{lower})")
         return PromotionDecision(promoted=True, reason=reason, **decision)
-    reason = f"{metric} {score:.4f} vs champion {old:.4f}: {delta:+.4f}, needs > 0 and >= min_delta {p.min_delta} ({on})"
+    reason = (f"{metric} {score:.4f} vs champion {old:.4f}: improvement {delta:+.4f}, needs > 0 and >= min_delta "
+              f"{p.min_delta} ({on}{lower})")
     return PromotionDecision(promoted=False, reason=reason, **decision)
 
 
@@ -254,9 +267,8 @@ def _holdout_and_drift(p: PromoteParams, challenger: dict[str, Any], decision: P
         entry = {"file": holdout.get("file"), "rows": holdout.get("rows"),
                  "challenger": (holdout.get("metrics") or {}).get(name), "champion": None}
         if decision.previous_champion_sha256 is not None:
-            _, meta, images_root = load_test_set(p.data_dir)
-            entry["champion"] = score_on(p.champion_dir, pd.read_parquet(holdout_path), meta, images_root,
-                                         p.batch_size)
+            entry["champion"] = score_on(p.champion_dir, load_test_set(p.data_dir), pd.read_parquet(holdout_path),
+                                         p.batch_size, name)
         decision.holdout = entry
     drift = read_json_if_present(p.drift_report) or {}
     if drift.get("warned"):

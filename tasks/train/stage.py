@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -109,6 +110,12 @@ def staging_dir(p: TrainConfig) -> Path:
 
 
 def _check_inputs(p: TrainConfig) -> None:
+    if p.multi_host:
+        raise StageError(
+            f"train.hosts lists {len(p.hosts)} hosts ({', '.join(h.name for h in p.hosts)}): the retrain flow starts "
+            "one node job per host (`prefect deployment run retrain/on-demand`; README, \"Training across "
+            "machines\"). To train on this machine alone, set train.hosts to []."
+        )
     for name in ("train.parquet", "val.parquet", "meta.json"):
         if not (Path(p.data_dir) / name).is_file():
             raise StageError(
@@ -228,13 +235,14 @@ def _publish_live_log(p: TrainConfig, staging: Path, summary: TrainSummary) -> P
     return live_dir / CURVES
 
 
-def _launch(p: TrainConfig, cmd: list[str], env: dict[str, str], out_dir: Path,
-            logger: logging.Logger | logging.LoggerAdapter) -> TrainSummary:
-    """Run `cmd` (the ranks write into `out_dir`, the staging folder) and read the summary it wrote."""
+def run_process_group(cmd: list[str], env: dict[str, str], log_path: Path, detail: str,
+                      logger: logging.Logger | logging.LoggerAdapter,
+                      stop: Callable[[], str | None] | None = None) -> None:
+    """Run the launcher `cmd` in a session of its own, its output streamed line by line to `logger` and
+    `log_path`; when it fails, raise StageError with its first rank error and the log's tail (`detail` says
+    which run). `stop()`, asked every few seconds, ends the whole group when it returns a reason."""
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     errors: list[str] = []  # exception lines of the ranks: the launcher's own summary comes last
-    started = time.monotonic()
-    log_path = out_dir / (LOG_NAME if p.node_rank == 0 else f"train.node{p.node_rank}.log")
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
         env=env, start_new_session=True,  # its own group: the caller's Ctrl-C does not hit the ranks twice
@@ -245,6 +253,9 @@ def _launch(p: TrainConfig, cmd: list[str], env: dict[str, str], out_dir: Path,
     tree = ProcessTree(proc)
     watchdog = threading.Thread(target=tree.watch, daemon=True)
     watchdog.start()
+    stopped: list[str] = []
+    if stop is not None:
+        threading.Thread(target=_stop_when_asked, args=(proc, tree, stop, stopped), daemon=True).start()
     try:
         with log_path.open("w") as log_file:
             assert proc.stdout is not None
@@ -262,13 +273,33 @@ def _launch(p: TrainConfig, cmd: list[str], env: dict[str, str], out_dir: Path,
         raise
     finally:
         watchdog.join(timeout=30)
+    if stopped:
+        raise StageError(f"training stopped ({detail}): {stopped[0]}; full log: {log_path}")
     if rc != 0:
         first = f"first error: {errors[0]}\n" if errors else ""
         text = "\n".join(tail)
         raise StageError(
-            f"training failed (exit code {rc}, strategy {p.strategy}); full log: {log_path}.\n{first}"
-            f"Last lines:\n{text}"
+            f"training failed (exit code {rc}, {detail}); full log: {log_path}.\n{first}Last lines:\n{text}"
         )
+
+
+def _stop_when_asked(proc: subprocess.Popen[str], tree: ProcessTree, stop: Callable[[], str | None],
+                     stopped: list[str], interval_s: float = 3.0) -> None:
+    while proc.poll() is None:
+        reason = stop()
+        if reason:
+            stopped.append(reason)
+            tree.kill()
+            return
+        time.sleep(interval_s)
+
+
+def _launch(p: TrainConfig, cmd: list[str], env: dict[str, str], out_dir: Path,
+            logger: logging.Logger | logging.LoggerAdapter) -> TrainSummary:
+    """Run `cmd` (the ranks write into `out_dir`, the staging folder) and read the summary it wrote."""
+    started = time.monotonic()
+    log_path = out_dir / (LOG_NAME if p.node_rank == 0 else f"train.node{p.node_rank}.log")
+    run_process_group(cmd, env, log_path, f"strategy {p.strategy}", logger)
     summary_path = out_dir / TRAIN_SUMMARY
     if not summary_path.is_file():
         raise StageError(f"training exited cleanly but wrote no {summary_path}; see {log_path}")

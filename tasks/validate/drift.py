@@ -2,8 +2,8 @@
 on), column by column, before the batch joins the training data.
 
 `drift_gate(reference, batch, columns, thresholds) -> DriftReport` is pure (no files). The columns come
-by role (`drift_stats.DriftColumns`: numeric, categorical, text lengths, the label and its problem type,
-the image column); the caller declares them (PetFinder's: `drift_petfinder.py`). `write_drift_report`
+by role (`drift_stats.DriftColumns`: numeric, categorical, text lengths, the label, its problem type and
+classes, the image columns), taken from the dataset schema (`DriftColumns.from_schema`). `write_drift_report`
 writes drift.json / drift.md / drift.png; `render_drift_markdown` is also the Prefect artifact.
 
 How it decides (the statistics and why they were chosen: `drift_stats.py`; measured: BENCHMARKS.md):
@@ -28,6 +28,8 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, Field
 
+from fusion_model.checks import image_cells
+from fusion_model.dataset import DatasetSchema, split_images
 from tasks._io.files import write_bytes, write_json, write_text
 from tasks.params import DriftGateParams as DriftThresholds  # params.yaml download.drift_gate
 from tasks.validate import drift_stats
@@ -181,7 +183,8 @@ def _categorical(ref: pd.Series, new: pd.Series, t: DriftThresholds) -> Categori
     )
 
 
-def _label(ref: pd.Series, new: pd.Series, problem_type: ProblemType, t: DriftThresholds) -> LabelDrift | str:
+def _label(ref: pd.Series, new: pd.Series, problem_type: ProblemType, classes: tuple[int | str, ...],
+           t: DriftThresholds) -> LabelDrift | str:
     """The label's drift, or why it cannot be tested (one class bucket at this batch size)."""
     if problem_type == "regression":
         f = drift_stats.numeric_figures(ref.to_numpy(dtype=float), new.to_numpy(dtype=float))
@@ -193,8 +196,10 @@ def _label(ref: pd.Series, new: pd.Series, problem_type: ProblemType, t: DriftTh
     rates = drift_stats.class_rates(ref, new)
     table = {str(c): ClassRate(reference=_num(r), batch=_num(b), difference=_num(b - r)) for c, (r, b) in rates.items()}
     if problem_type == "binary":
-        positive = max(rates, key=lambda c: (isinstance(c, str), c))  # 1 of 0/1
-        f = drift_stats.rate_figures(ref.to_numpy() == positive, new.to_numpy() == positive)
+        # the positive class is the last of the classes (1 of 0/1)
+        positive = classes[-1] if classes else max(rates, key=lambda c: (isinstance(c, str), c))
+        f = drift_stats.rate_figures((ref.astype(str) == str(positive)).to_numpy(),
+                                     (new.astype(str) == str(positive)).to_numpy())
         test = _test("fisher", f"rate of class {positive}", f.batch_rows, f.p_value, "rate_difference",
                      abs(f.batch_share - f.reference_share), t.min_share_change)
         detail = f"rate of class {positive}: {f.reference_share:.1%} -> {f.batch_share:.1%}"
@@ -209,9 +214,9 @@ def _label(ref: pd.Series, new: pd.Series, problem_type: ProblemType, t: DriftTh
     return LabelDrift(kind="label", problem_type=problem_type, rates=table, tests=[test], detail=detail)
 
 
-def _images(ref: pd.Series, new: pd.Series, separator: str, t: DriftThresholds) -> ImageDrift:
+def _images(ref: pd.Series, new: pd.Series, t: DriftThresholds) -> ImageDrift:
     def without(cells: pd.Series) -> np.ndarray:
-        return cells.map(lambda c: not (isinstance(c, str) and any(p.strip() for p in c.split(separator)))).to_numpy()
+        return cells.map(lambda c: not split_images(c)).to_numpy(dtype=bool)
 
     f = drift_stats.rate_figures(without(ref), without(new))
     return ImageDrift(
@@ -275,13 +280,19 @@ def _judge(columns: Mapping[str, _Column], t: DriftThresholds) -> int:
     return len(tests)
 
 
-def drift_gate(reference: pd.DataFrame, batch: pd.DataFrame, columns: DriftColumns,
+def drift_gate(reference: pd.DataFrame, batch: pd.DataFrame, columns: DriftColumns | DatasetSchema,
                thresholds: DriftThresholds | BaseModel | Mapping[str, Any] | None = None) -> DriftReport:
-    """Compare `batch` with `reference` over the columns named by role in `columns`.
+    """Compare `batch` with `reference` over the columns named by role in `columns` (a dataset schema
+    is read as `DriftColumns.from_schema(schema)`).
 
     `thresholds` may also be any pydantic model or mapping with DriftThresholds' fields (it is re-read
     as DriftThresholds, so an unknown field is an error)."""
     t = _thresholds(thresholds)
+    if isinstance(columns, DatasetSchema):
+        columns = DriftColumns.from_schema(columns)
+    # an empty categorical cell is a missing value, not a code
+    reference = reference.replace({c: {"": np.nan} for c in columns.categorical if c in reference.columns})
+    batch = batch.replace({c: {"": np.nan} for c in columns.categorical if c in batch.columns})
     report = DriftReport(passed=False, warned=False, drifted=[], warnings=[], reason="", reference_rows=len(reference),
                          batch_rows=len(batch), columns_by_role=columns, thresholds=t)
     small = [f"the {name} has {len(table)} rows, fewer than min_rows={t.min_rows}"
@@ -320,17 +331,17 @@ def drift_gate(reference: pd.DataFrame, batch: pd.DataFrame, columns: DriftColum
         elif reference[col].notna().sum() == 0 or batch[col].notna().sum() == 0:
             report.skipped[col] = f"column '{col}' has no labels in the {'reference' if reference[col].notna().sum() == 0 else 'batch'}"
         else:
-            label = _label(reference[col].dropna(), batch[col].dropna(), columns.problem_type, t)
+            label = _label(reference[col].dropna(), batch[col].dropna(), columns.problem_type, columns.classes, t)
             if isinstance(label, str):
                 report.skipped[col] = label
             else:
                 compared[col] = label
-    if columns.image is not None:
-        if why := _absent(columns.image, reference, batch):
+    if columns.images:
+        if why := _absent(columns.images[0], reference, batch):
             report.skipped[MISSING_IMAGES] = why
         else:
-            compared[MISSING_IMAGES] = _images(reference[columns.image], batch[columns.image],
-                                               columns.image_separator, t)
+            compared[MISSING_IMAGES] = _images(image_cells(reference, columns.images),
+                                               image_cells(batch, columns.images), t)
 
     report.tests = _judge(compared, t)
     report.columns = dict(compared)

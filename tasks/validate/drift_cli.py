@@ -1,8 +1,8 @@
 """`python -m tasks drift --reference TABLE --batch TABLE [--json]`: the drift gate on two CSV tables.
 
 The tables are CSVs in the dataset's columns (a leading unnamed index column, as pandas writes it, is
-ignored); the columns are compared by role (today PetFinder's: drift_petfinder.py) with
-params.yaml's `download.drift_gate`. The report is printed `passed` first: with --json the report's
+ignored); the columns are compared by role, as params.yaml's `dataset:` section declares them
+(`DriftColumns.from_schema`), with params.yaml's `download.drift_gate`. The report is printed `passed` first: with --json the report's
 JSON, else a `passed: true|false` line, the columns that drifted, then the markdown report.
 
 Exit status: 0 passed (a warning included), 1 drifted, 2 bad input (a message on stderr naming the file,
@@ -18,9 +18,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from fusion_model.dataset import DatasetSchema, LabelSpec, canonical
 from tasks.params import DriftGateParams, ParamsError, load_params
 from tasks.validate.drift import DriftReport, drift_gate, render_drift_markdown
 from tasks.validate.drift_stats import DriftColumns
+from tasks.validate.tables import LabelRule
 
 EXIT_PASSED, EXIT_DRIFTED, EXIT_BAD_INPUT = 0, 1, 2
 _INDEX_NAMES = ("", "Unnamed: 0")
@@ -99,23 +101,35 @@ def read_table(path: Path, columns: DriftColumns, min_rows: int, option: str) ->
     return typed
 
 
-def _check_label(reference: pd.DataFrame, batch: pd.DataFrame, paths: tuple[Path, Path], columns: DriftColumns) -> None:
+def _binary_label(reference: pd.DataFrame, batch: pd.DataFrame, paths: tuple[Path, Path], columns: DriftColumns,
+                  label_spec: LabelSpec) -> None:
+    """A binary label with more than two values becomes 0/1 by the schema's `label.positive` (as validation
+    reads it), or the tables are refused naming the values."""
     label = columns.label
     if label is None or columns.problem_type != "binary":
         return
     classes = {v for t in (reference, batch) if label in t.columns for v in t[label].dropna().unique()}
-    if len(classes) > 2:
+    if len(classes) <= 2:
+        return
+    if label_spec.positive is None:
         raise DriftInputError(
             f"{paths[0]} and {paths[1]}: column '{label}' has {len(classes)} classes "
-            f"({', '.join(map(str, sorted(classes, key=str)))}), but the label is binary. Pass --label-kind "
-            f"multiclass, or make the label 0/1 first (PetFinder's speed codes: AdoptionSpeed <= 2 -> 1).")
+            f"({', '.join(map(str, sorted(classes, key=str)))}), but the label is binary. Pass --problem-type "
+            f"multiclass, set dataset.label.positive in params.yaml, or make the label 0/1 first.")
+    rule = LabelRule("binary", [0, 1], positive=sorted(canonical(v) for v in label_spec.positive),
+                     negative=None if label_spec.negative is None else sorted(canonical(v) for v in label_spec.negative))
+    for table in (reference, batch):
+        if label in table.columns:
+            mapped = rule.map(table[label].dropna())
+            table[label] = pd.to_numeric(mapped, errors="coerce").reindex(table.index)
 
 
-def run(reference: Path, batch: Path, columns: DriftColumns, thresholds: DriftGateParams) -> DriftReport:
+def run(reference: Path, batch: Path, schema: DatasetSchema, thresholds: DriftGateParams) -> DriftReport:
     """Read both tables and gate the batch; DriftInputError for a table it cannot compare."""
+    columns = DriftColumns.from_schema(schema)
     ref = read_table(reference, columns, thresholds.min_rows, "--reference")
     new = read_table(batch, columns, thresholds.min_rows, "--batch")
-    _check_label(ref, new, (reference, batch), columns)
+    _binary_label(ref, new, (reference, batch), columns, schema.label)
     compared = [c for c in columns.names if c in ref.columns and c in new.columns]
     if not compared:
         raise DriftInputError(f"{reference} and {batch} share none of the dataset's columns "
@@ -124,12 +138,13 @@ def run(reference: Path, batch: Path, columns: DriftColumns, thresholds: DriftGa
 
 
 def main(args: argparse.Namespace) -> int:
-    from tasks.validate.drift_petfinder import petfinder_columns
-
     try:
         params = load_params(args.params)
-        columns = petfinder_columns(args.label_kind or params.validate_params.label_kind)
-        report = run(args.reference, args.batch, columns, params.download.drift_gate)
+        schema = params.schema
+        if args.problem_type:
+            label = schema.label.model_copy(update={"problem_type": args.problem_type, "classes": None})
+            schema = schema.model_copy(update={"label": label})
+        report = run(args.reference, args.batch, schema, params.download.drift_gate)
     except (DriftInputError, ParamsError) as e:
         print(f"error: drift: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -11,7 +11,7 @@ assumption about how the columns depend on each other. Permutation or bootstrap 
 the same calibration at ~1,000 times the cost per batch; PSI against its chance level would need that
 chance level simulated per column and size. Measured on real rows: BENCHMARKS.md, "Drift gate".
 
-The tests, per role (columns come by role in `DriftColumns`, never from a dataset's schema module):
+The tests, per role (columns come by role in `DriftColumns`, taken from the dataset schema):
 - numeric columns, text lengths, a regression label: two-sample Kolmogorov-Smirnov (scipy); with ties
   (codes like Quantity, VideoAmt) its p-value is conservative. Effect: PSI over the reference's deciles.
 - categorical columns, two tests: (1) the shares of the codes the reference has, chi-square of
@@ -37,6 +37,8 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, model_validator
 from scipy import stats
 
+from fusion_model.dataset import DatasetSchema
+
 ProblemType = Literal["binary", "multiclass", "ordinal", "regression"]
 
 PSI_BINS = 10
@@ -48,7 +50,7 @@ OTHER = "other"
 
 
 class DriftColumns(BaseModel):
-    """The columns the gate compares, by role; a dataset declares them (PetFinder's: drift_petfinder.py)."""
+    """The columns the gate compares, by role; `from_schema` takes them from a dataset schema."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -57,13 +59,22 @@ class DriftColumns(BaseModel):
     text_length: tuple[str, ...] = ()  # text columns whose length (characters) is compared
     label: str | None = None
     problem_type: ProblemType = "binary"
-    image: str | None = None  # a column of image paths; the share of rows without one is compared
-    image_separator: str = ";"
+    classes: tuple[int | str, ...] = ()  # the label's classes in order (binary: the positive class last)
+    images: tuple[str, ...] = ()  # image path columns; the share of rows without any image is compared
+
+    @classmethod
+    def from_schema(cls, schema: DatasetSchema, classes: Sequence[int | str] | None = None) -> DriftColumns:
+        """The schema's numerical, categorical, text (as lengths) and image columns, its label and problem
+        type; `classes`: the label's classes as the validated tables hold them (default: the schema's)."""
+        label = schema.label
+        return cls(numeric=tuple(schema.columns.numerical), categorical=tuple(schema.columns.categorical),
+                   text_length=tuple(schema.columns.text), label=label.column, problem_type=label.problem_type,
+                   classes=tuple(classes if classes is not None else (label.classes or ())),
+                   images=tuple(schema.columns.image))
 
     @model_validator(mode="after")
     def _each_column_once(self) -> DriftColumns:
-        named = [*self.numeric, *self.categorical, *self.text_length, *([self.label] if self.label else []),
-                 *([self.image] if self.image else [])]
+        named = self.names
         twice = sorted({c for c in named if named.count(c) > 1})
         if twice:
             raise ValueError(f"columns named in more than one role: {', '.join(twice)}; give each one role")
@@ -73,7 +84,7 @@ class DriftColumns(BaseModel):
     def names(self) -> list[str]:
         """Every column named, in role order."""
         return [*self.numeric, *self.categorical, *self.text_length, *([self.label] if self.label else []),
-                *([self.image] if self.image else [])]
+                *self.images]
 
 
 def holm(p_values: Sequence[float]) -> list[float]:

@@ -13,16 +13,13 @@ from typing import Any, Literal
 import pandas as pd
 from pydantic import BaseModel, Field
 
-from fusion_model.checks import BREED_MATCHES_TYPE, IMAGE_CHECK_COLUMNS, IMAGE_ISSUE
-from fusion_model.schema import IMAGES, OPTIONAL_COLUMNS
-from tasks.validate.suite import DERIVED_FROM, ROW_ID, expectation_key, suite_order
+from fusion_model.checks import IMAGE_CHECK_COLUMNS, IMAGE_ISSUE
+from fusion_model.dataset import ROW_ID, DatasetSchema
+from fusion_model.presets import RULES
+from tasks.validate.suite import derived_columns, expectation_key, suite_order
 from tasks.validate.tables import RawTable
 
 MAX_EXAMPLES = 5
-# Derived columns are shown through the CSV cells they were computed from.
-_EXAMPLE_COLUMNS: dict[str, list[str]] = {c: [IMAGES] for c in IMAGE_CHECK_COLUMNS} | {
-    BREED_MATCHES_TYPE: ["Type", "Breed1"]
-}
 _MAX_CELL = 120
 
 Status = Literal["passed", "failed", "error", "not_evaluated", "skipped"]
@@ -61,8 +58,8 @@ class TableSummary(BaseModel):
 class ValidationReport(BaseModel):
     success: bool
     dataset_dir: str
-    label_kind: str
-    classes: list[int]
+    problem_type: str
+    classes: list[int | str]
     suite: str
     gx_version: str = ""
     tables: list[TableSummary] = Field(default_factory=list)
@@ -107,8 +104,10 @@ def _columns_of(kwargs: dict[str, Any]) -> list[str]:
     return [kwargs[k] for k in ("column", "column_A", "column_B") if k in kwargs]
 
 
-def _examples(result: dict[str, Any], columns: list[str], table: RawTable, frame: pd.DataFrame) -> list[dict[str, Any]]:
-    """Up to 5 failing rows as the CSV holds them (image checks: the Images cell and the file's issue)."""
+def _examples(result: dict[str, Any], columns: list[str], table: RawTable, frame: pd.DataFrame,
+              derived: dict[str, list[str]]) -> list[dict[str, Any]]:
+    """Up to 5 failing rows as the CSV holds them (a derived verdict: the cells it was computed from; image
+    checks also the file's issue)."""
     index_list = result.get("partial_unexpected_index_list") or []
     positions = pd.Series(range(len(frame)), index=frame[ROW_ID].to_numpy())
     positions = positions[~positions.index.duplicated()]
@@ -121,7 +120,7 @@ def _examples(result: dict[str, Any], columns: list[str], table: RawTable, frame
             examples.append(example)
             continue
         for col in columns:
-            for src in _EXAMPLE_COLUMNS.get(col, [col]):
+            for src in derived.get(col, [col]):
                 if src in table.raw.columns:
                     example[src] = _cell(table.raw.at[pos, src])
             if col in IMAGE_CHECK_COLUMNS:
@@ -130,33 +129,36 @@ def _examples(result: dict[str, Any], columns: list[str], table: RawTable, frame
     return examples
 
 
-def outcomes_from_gx(results: list[dict[str, Any]], table: RawTable, frame: pd.DataFrame) -> list[Outcome]:
+def outcomes_from_gx(results: list[dict[str, Any]], table: RawTable, frame: pd.DataFrame,
+                     schema: DatasetSchema) -> list[Outcome]:
     """Turn one table's GX expectation results (to_json_dict form) into outcomes."""
+    derived = derived_columns(schema)
+    shown = {RULES[name].name: RULES[name].column for name in schema.checks.rules}  # a rule names its column
     outcomes = []
     for r in results:
         config = r["expectation_config"]
         kwargs = {k: v for k, v in config["kwargs"].items() if k != "batch_id"}
         meta = config.get("meta") or {}
         columns = _columns_of(kwargs)
-        sources = [DERIVED_FROM.get(c, c) for c in columns]
+        sources = [s for c in columns for s in derived.get(c, [c])]
         absent = [s for s in sources if s not in table.raw.columns and s != ROW_ID]
         result = r.get("result") or {}
         status: Status = "passed" if r["success"] else "failed"
         note = ""
         if absent and config["type"] != "expect_column_to_exist":
-            if all(a in OPTIONAL_COLUMNS for a in absent):
+            if all(a in schema.checks.optional for a in absent):
                 status, note = "skipped", f"optional column {absent[0]!r} is absent"
             else:
                 status, note = "not_evaluated", f"column {absent[0]!r} is missing"
         elif (err := _raised(r.get("exception_info"))) is not None:
             status, note = "error", f"GX raised: {err}"
         elif "partial_missing_list" in result and result.get("partial_missing_list"):
-            note = f"missing: {result['partial_missing_list']}"
+            note = f"missing: {sorted(result['partial_missing_list'], key=str)}"
         elif "observed_value" in result and not r["success"]:
             note = f"observed: {result['observed_value']}"
         display = columns[0] if columns else None
-        if display in DERIVED_FROM:
-            display = DERIVED_FROM[display]
+        if display in derived:
+            display = shown.get(display) or ", ".join(derived[display]) or display
         elif len(columns) > 1:
             display = ", ".join(columns)
         value_sets = ("value_set", "value_pairs_set")
@@ -175,10 +177,10 @@ def outcomes_from_gx(results: list[dict[str, Any]], table: RawTable, frame: pd.D
             element_count=result.get("element_count"),
             unexpected_count=result.get("unexpected_count"),
             unexpected_percent=result.get("unexpected_percent"),
-            examples=_examples(result, columns, table, frame) if status in ("failed", "passed") else [],
+            examples=_examples(result, columns, table, frame, derived) if status in ("failed", "passed") else [],
             note=note,
         ))
-    order = suite_order()
+    order = suite_order(schema)
     return sorted(outcomes, key=lambda o: order.get(expectation_key(o.expectation, o.kwargs), len(order)))
 
 
@@ -250,7 +252,7 @@ def render_markdown(report: ValidationReport) -> str:
     lines = [
         f"# Data validation: {verdict}",
         "",
-        f"Dataset `{report.dataset_dir}` · label kind `{report.label_kind}`, classes {report.classes} · "
+        f"Dataset `{report.dataset_dir}` · problem type `{report.problem_type}`, classes {report.classes} · "
         f"suite `{report.suite}` · Great Expectations {report.gx_version}",
         "",
     ]
@@ -316,7 +318,7 @@ def render_html(report: ValidationReport) -> str:
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
         f"<title>Data validation: {verdict}</title><style>{_CSS}</style></head><body>",
         f"<h1>Data validation: <span class='{verdict}'>{verdict.upper()}</span></h1>",
-        f"<p>Dataset <code>{_h(report.dataset_dir)}</code> · label kind <code>{_h(report.label_kind)}</code>, "
+        f"<p>Dataset <code>{_h(report.dataset_dir)}</code> · problem type <code>{_h(report.problem_type)}</code>, "
         f"classes {_h(report.classes)} · suite <code>{_h(report.suite)}</code> · Great Expectations "
         f"{_h(report.gx_version)}</p>",
     ]

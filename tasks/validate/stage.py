@@ -1,10 +1,12 @@
-"""Validate stage: check the raw PetFinder folder with Great Expectations 1.x, then write typed tables.
+"""Validate stage: check the raw dataset folder with Great Expectations 1.x, then write typed tables.
 
-Reads `dataset_dir` (train.csv, test.csv, images/), runs the suite of `tasks/validate/suite.py` on
-both tables (image files checked by `fusion_model.checks`, in parallel), always writes the report to
-`report_dir`, and only when everything passes replaces `out_dir` (train/val/test parquet + meta.json)
-in one rename. A failure raises `ValidationError` listing every failed expectation with its column,
-count and example rows or files, and leaves the previous `out_dir` untouched.
+Reads `dataset_dir` (train.csv, test.csv, the photos), decides the label's classes from the training
+table (`tables.label_rule`), runs the suite the dataset schema gives (`tasks/validate/suite.py`) on both
+tables (image files checked by `fusion_model.checks`, in parallel), always writes the report to
+`report_dir`, and only when everything passes replaces `out_dir` (train/val/test parquet + meta.json, which
+carries the resolved schema every later stage reads) in one rename. A failure raises `ValidationError`
+listing every failed expectation with its column, count and example rows or files, and leaves the
+previous `out_dir` untouched.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 import pandas as pd
 from pydantic import BaseModel
 
-from fusion_model.schema import LABEL, LABEL_SETS
+from fusion_model.dataset import DatasetSchema, resolve_schema
 from tasks._io.files import write_json, write_text
 from tasks._io.folders import recover_dir, swap_dir, temp_dir_beside
 from tasks.errors import StageError
@@ -33,12 +35,24 @@ from tasks.validate.report import (
     report_json,
     table_summary,
 )
-from tasks.validate.suite import ROW_ID, SUITE_NAME, build_suite, suite_parameters
+from tasks.validate.suite import (
+    ROW_ID,
+    SEEN_CODES_MOSTLY,
+    build_suite,
+    seen_checked,
+    suite_name,
+    suite_parameters,
+)
 from tasks.validate.tables import (
+    LabelRule,
     RawTable,
     TableLoadError,
+    fallback_classes,
+    label_rule,
+    mark_seen,
     read_raw,
     stratified_split,
+    training_codes,
     typed_table,
     validation_frame,
 )
@@ -58,14 +72,15 @@ class ValidationError(StageError):
 class ValidateSummary(BaseModel):
     out_dir: str
     report_dir: str
-    label_kind: str
-    classes: list[int]
+    problem_type: str
+    classes: list[int | str]
     rows: dict[str, int]
     warnings: list[str]
     seconds: float
 
 
-def _run_suite(frames: dict[str, pd.DataFrame], classes: list[int]) -> dict[str, list[dict[str, Any]]]:
+def _run_suite(frames: dict[str, pd.DataFrame], classes: list[int | str], schema: DatasetSchema,
+               seen_codes_mostly: float) -> dict[str, list[dict[str, Any]]]:
     """Run the suite on each table through a GX checkpoint; returns each table's results as dicts."""
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig
@@ -73,14 +88,14 @@ def _run_suite(frames: dict[str, pd.DataFrame], classes: list[int]) -> dict[str,
     # A fresh in-memory context per run: ~10 ms, nothing written to disk, names never collide.
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = ProgressBarsConfig(globally=False)
-    suite = context.suites.add(build_suite())
-    source = context.data_sources.add_pandas("petfinder")
+    suite = context.suites.add(build_suite(schema, seen_codes_mostly))
+    source = context.data_sources.add_pandas(suite_name(schema))
     out: dict[str, list[dict[str, Any]]] = {}
     for name, frame in frames.items():
         batch = source.add_dataframe_asset(name).add_batch_definition_whole_dataframe("whole")
         definition = context.validation_definitions.add(gx.ValidationDefinition(name=name, data=batch, suite=suite))
         checkpoint = context.checkpoints.add(gx.Checkpoint(
-            name=f"{SUITE_NAME}-{name}",
+            name=f"{suite_name(schema)}-{name}",
             validation_definitions=[definition],
             result_format={"result_format": "SUMMARY", "unexpected_index_column_names": [ROW_ID],
                            "partial_unexpected_count": 5},
@@ -115,14 +130,15 @@ def _dataset_root_for_meta(dataset_dir: Path, out_dir: Path) -> str:
 
 
 def write_outputs(
-    tables: dict[str, pd.DataFrame], params: ValidateParams, classes: list[int], dataset_dir: Path,
-    holdout_file: str | None = None,
+    tables: dict[str, pd.DataFrame], params: ValidateParams, schema: DatasetSchema, rule: LabelRule,
+    dataset_dir: Path, holdout_file: str | None = None,
 ) -> dict[str, int]:
     """Write train/val/test (and the newest batch's holdout) parquet + meta.json into a temporary folder
     beside out_dir, then swap."""
     out_dir = Path(params.out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    train, val = stratified_split(tables["train"], params.val_fraction, params.seed)
+    train, val = stratified_split(tables["train"], schema.label.column, params.val_fraction, params.seed,
+                                  stratify=rule.problem_type != "regression")
     splits = {"train": train, "val": val, "test": tables["test"]}
     if "holdout" in tables:
         splits["holdout"] = tables["holdout"]
@@ -134,9 +150,12 @@ def write_outputs(
         rows = {name: len(df) for name, df in splits.items()}
         meta = {
             "dataset_root": _dataset_root_for_meta(dataset_dir, out_dir),
-            "label": LABEL,
-            "label_kind": params.label_kind,
-            "classes": classes,
+            "label": schema.label.column,
+            "problem_type": rule.problem_type,
+            "classes": rule.classes,
+            "label_rule": rule.to_dict(),
+            "id": schema.id,
+            "schema": schema.model_dump(mode="json"),  # what every later stage reads the columns from
             "rows": rows,
             "holdout": holdout_file,  # the newest arriving batch's held-out rows, scored beside the test set
         }
@@ -147,14 +166,16 @@ def write_outputs(
     return rows
 
 
-def check_tables(dataset_dir: Path, tables: list[tuple[str, str]], label_kind: str,
-                 workers: int) -> tuple[ValidationReport, dict[str, pd.DataFrame]]:
-    """Run the suite on each `(name, file)` of `dataset_dir`: the report (every problem of every table)
-    and the checked frames of the tables that loaded."""
-    classes = list(LABEL_SETS[label_kind])
+def check_tables(dataset_dir: Path, tables: list[tuple[str, str]], schema: DatasetSchema, workers: int,
+                 rule: LabelRule | None = None, seen: dict[str, set[str]] | None = None,
+                 seen_codes_mostly: float = SEEN_CODES_MOSTLY,
+                 ) -> tuple[ValidationReport, dict[str, pd.DataFrame], LabelRule]:
+    """Run the suite on each `(name, file)` of `dataset_dir`: the report (every problem of every table), the
+    checked frames of the tables that loaded, and the label rule (decided on the table named "train" unless
+    given; `seen`: the training rows' categorical values, else those of "train")."""
     report = ValidationReport(
-        success=False, dataset_dir=str(dataset_dir), label_kind=label_kind, classes=classes,
-        suite=SUITE_NAME, gx_version=_gx_version(),
+        success=False, dataset_dir=str(dataset_dir), problem_type=schema.label.problem_type, classes=[],
+        suite=suite_name(schema), gx_version=_gx_version(),
     )
     raw_tables: dict[str, RawTable] = {}
     if not dataset_dir.is_dir():
@@ -164,20 +185,35 @@ def check_tables(dataset_dir: Path, tables: list[tuple[str, str]], label_kind: s
     else:
         for name, file in tables:
             try:
-                raw_tables[name] = read_raw(name, dataset_dir / file)
+                raw_tables[name] = read_raw(name, dataset_dir / file, schema)
             except TableLoadError as e:
                 report.problems.append(str(e))
+    if rule is None:
+        rule = LabelRule(schema.label.problem_type, [])
+        if "train" in raw_tables:
+            try:
+                rule = label_rule(raw_tables["train"], schema)
+            except StageError as e:
+                report.problems.append(str(e))
+                # the other checks still run: against the values the training rows hold
+                rule = LabelRule(schema.label.problem_type, fallback_classes(raw_tables["train"], schema))
+    report.classes = rule.classes
     frames: dict[str, pd.DataFrame] = {}
     if raw_tables:  # a table that loaded is still checked when the other did not: one report, all problems
-        frames = {name: validation_frame(t, dataset_dir, workers) for name, t in raw_tables.items()}
-        results = _run_suite(frames, classes)
+        frames = {name: validation_frame(t, schema, rule, dataset_dir, workers) for name, t in raw_tables.items()}
+        if seen is None:
+            seen = training_codes(frames["train"], schema) if "train" in frames else {}
+        seen = {c: codes for c, codes in seen.items() if c in seen_checked(schema)}
+        for frame in frames.values():
+            mark_seen(frame, seen)
+        results = _run_suite(frames, rule.classes, schema, seen_codes_mostly)
         outcomes: list[Outcome] = []
         for name, table in raw_tables.items():
-            outcomes += outcomes_from_gx(results[name], table, frames[name])
+            outcomes += outcomes_from_gx(results[name], table, frames[name], schema)
         report.outcomes = outcomes
         report.tables = [table_summary(t, outcomes) for t in raw_tables.values()]
         report.success = not report.problems and all(t.success for t in report.tables)
-    return report, frames
+    return report, frames, rule
 
 
 def newest_holdout(dataset_dir: Path) -> tuple[str, str] | None:
@@ -186,21 +222,22 @@ def newest_holdout(dataset_dir: Path) -> tuple[str, str] | None:
     return ("holdout", f"{HOLDOUT_DIR}/{files[-1].name}") if files else None
 
 
-def validate(params: ValidateParams) -> ValidateSummary:
-    """Validate `params.dataset_dir`; on success write `params.out_dir`, always write the reports."""
+def validate(params: ValidateParams, dataset: DatasetSchema | None = None) -> ValidateSummary:
+    """Validate `params.dataset_dir` as `dataset` declares it (default: the PetFinder preset); on success
+    write `params.out_dir`, always write the reports."""
     started = time.perf_counter()
+    schema = dataset or resolve_schema({"preset": "petfinder"})
     dataset_dir = Path(params.dataset_dir)
     report_dir = Path(params.report_dir)
-    classes = list(LABEL_SETS[params.label_kind])
     holdout = newest_holdout(dataset_dir) if dataset_dir.is_dir() else None
-    report, frames = check_tables(dataset_dir, [*TABLES, *([holdout] if holdout else [])], params.label_kind,
-                                  params.workers)
+    report, frames, rule = check_tables(dataset_dir, [*TABLES, *([holdout] if holdout else [])], schema,
+                                        params.workers, seen_codes_mostly=params.seen_codes_mostly)
     write_reports(report, report_dir)
     if not report.success:
         raise ValidationError(failure_message(report, str(report_dir / "validation.md")))
-    rows = write_outputs({n: typed_table(f) for n, f in frames.items()}, params, classes, dataset_dir,
-                         holdout_file=holdout[1] if holdout else None)
+    rows = write_outputs({n: typed_table(f, schema, rule) for n, f in frames.items()}, params, schema, rule,
+                         dataset_dir, holdout_file=holdout[1] if holdout else None)
     return ValidateSummary(
-        out_dir=str(params.out_dir), report_dir=str(report_dir), label_kind=params.label_kind, classes=classes,
-        rows=rows, warnings=report.warnings, seconds=round(time.perf_counter() - started, 2),
+        out_dir=str(params.out_dir), report_dir=str(report_dir), problem_type=rule.problem_type,
+        classes=rule.classes, rows=rows, warnings=report.warnings, seconds=round(time.perf_counter() - started, 2),
     )

@@ -1,7 +1,8 @@
-"""The embedded PetFinder-schema dataset: a seeded generator that writes the tutorial zip's exact layout.
+"""The embedded PetFinder table (the `petfinder` preset): a seeded generator that writes the tutorial layout.
 
-``<out_dir>/petfinder_for_tutorial/{train.csv,test.csv,images/<PetID>-<n>.jpg}``: CSVs with a leading
-unnamed index column, every Kaggle column in order, then ``Images`` (';'-separated relative paths).
+``<out_dir>/dataset/{train.csv,test.csv,images/<PetID>-<n>.jpg}``: CSVs with a leading unnamed index
+column, every Kaggle column in order, then ``Images`` (';'-separated relative paths). The label is 0 slow /
+1 fast for a binary problem type, AdoptionSpeed 0-4 for an ordinal (or multiclass) one.
 
 Each row gets a hidden score per modality: tabular (computed from its codes), text (tilts the words of its
 Description) and image (tilts the lighting, colour and texture of its photos). The label comes from their
@@ -21,7 +22,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fusion_model import schema
+from fusion_model.dataset import IMAGE_SEPARATOR, split_images
+from fusion_model.presets import petfinder as pf
+from tasks.download.manifest import DATASET_DIRNAME
 from tasks.download.synthetic.images import draw_images, encode_jpeg
 from tasks.download.synthetic.text import draw_descriptions, draw_names
 from tasks.params import SyntheticParams
@@ -41,20 +44,28 @@ BATCH_ROW_ID_STRIDE = 1_000_000
 DRIFTS = ("numeric", "codes", "labels", "photos")
 EMPTY_DESCRIPTION_SHARE = 0.04
 
-_DOG_BREEDS = np.array(sorted(b for b, (t, _) in schema.breeds().items() if t == 1 and b != 307))
-_CAT_BREEDS = np.array(sorted(b for b, (t, _) in schema.breeds().items() if t == 2))
+_DOG_BREEDS = np.array(sorted(b for b, (t, _) in pf.breeds().items() if t == 1 and b != 307))
+_CAT_BREEDS = np.array(sorted(b for b, (t, _) in pf.breeds().items() if t == 2))
 _DOMESTIC_CATS = np.array([264, 265, 266])  # long, medium, short hair
-_STATES = np.array(sorted(schema.states()))
+_STATES = np.array(sorted(pf.states()))
 _STATE_SHARES = {41326: 0.58, 41401: 0.26, 41327: 0.05, 41336: 0.03, 41330: 0.03}  # Selangor, KL, Penang, ...
 
 
-def generate(out_dir: Path, p: SyntheticParams) -> dict[str, Any]:
-    """Write ``<out_dir>/petfinder_for_tutorial/`` (replacing one already there); return rows and label counts."""
+def label_kind(problem_type: str) -> str:
+    """The generator's label for a problem type: 0/1 (binary), AdoptionSpeed 0-4 (ordinal, multiclass)."""
+    if problem_type == "regression":
+        raise ValueError("the embedded PetFinder table has no regression label; declare your own table "
+                         "(download.source: local) for a regression problem")
+    return "binary" if problem_type == "binary" else "speed"
+
+
+def generate(out_dir: Path, p: SyntheticParams, problem_type: str = "binary") -> dict[str, Any]:
+    """Write ``<out_dir>/dataset/`` (replacing one already there); return rows and label counts."""
     rng = np.random.default_rng(p.seed)
     n = p.n_train + p.n_test
-    table, image_score, n_images = _draw_rows(rng, n, p.label_kind, drift=())
+    table, image_score, n_images = _draw_rows(rng, n, label_kind(problem_type), drift=())
 
-    dataset = Path(out_dir) / schema.DATASET_DIRNAME
+    dataset = Path(out_dir) / DATASET_DIRNAME
     if dataset.exists():
         shutil.rmtree(dataset)
     (dataset / "images").mkdir(parents=True)
@@ -62,7 +73,7 @@ def generate(out_dir: Path, p: SyntheticParams) -> dict[str, Any]:
 
     # Row ids like the tutorial's: a shuffled sample of one index shared by train and test.
     row_ids = rng.permutation(n)
-    frame = pd.DataFrame({c: table[c] for c in schema.ALL_COLUMNS}, index=row_ids)
+    frame = pd.DataFrame({c: table[c] for c in pf.ALL_COLUMNS}, index=row_ids)
     train, test = frame.iloc[: p.n_train], frame.iloc[p.n_train :]
     train.to_csv(dataset / "train.csv", lineterminator="\n")
     test.to_csv(dataset / "test.csv", lineterminator="\n")
@@ -74,7 +85,7 @@ def generate(out_dir: Path, p: SyntheticParams) -> dict[str, Any]:
     }
 
 
-def generate_batch(out_dir: Path, p: SyntheticParams, batch: int) -> dict[str, Any]:
+def generate_batch(out_dir: Path, p: SyntheticParams, batch: int, problem_type: str = "binary") -> dict[str, Any]:
     """Write batch `batch` (>= 1) of newly arrived labelled rows into `out_dir` (train.csv + images/), in
     the tutorial layout, seeded by (seed, batch): the same batch is the same bytes, another batch other
     rows of the same population; `p.drift` changes that population (see DRIFTS), by `p.drift_size`.
@@ -85,7 +96,7 @@ def generate_batch(out_dir: Path, p: SyntheticParams, batch: int) -> dict[str, A
         raise ValueError(f"batch {batch}: batches start at 1 (batch 0 is the base dataset, `generate`)")
     rng = np.random.default_rng([p.seed, batch])
     drift = tuple(p.drift_kinds)
-    table, image_score, n_images = _draw_rows(rng, p.batch_rows, p.label_kind, drift, p.drift_size)
+    table, image_score, n_images = _draw_rows(rng, p.batch_rows, label_kind(problem_type), drift, p.drift_size)
     out_dir = Path(out_dir)
     if out_dir.exists():
         shutil.rmtree(out_dir)
@@ -95,12 +106,12 @@ def generate_batch(out_dir: Path, p: SyntheticParams, batch: int) -> dict[str, A
     if "photos" in drift:  # a broken feed: some first photos cut short, as an interrupted upload leaves them
         rows = np.flatnonzero(rng.random(p.batch_rows) < min(1.0, 0.1 * p.drift_size))
         for i in rows:
-            path = out_dir / schema.split_images(table["Images"][i])[0]
+            path = out_dir / split_images(table["Images"][i])[0]
             data = path.read_bytes()
             path.write_bytes(data[: len(data) // 3])
         broken = len(rows)
     row_ids = batch * BATCH_ROW_ID_STRIDE + np.arange(p.batch_rows)
-    frame = pd.DataFrame({c: table[c] for c in schema.ALL_COLUMNS}, index=row_ids)
+    frame = pd.DataFrame({c: table[c] for c in pf.ALL_COLUMNS}, index=row_ids)
     frame.to_csv(out_dir / "train.csv", lineterminator="\n")
     return {"batch": batch, "rows": len(frame), "label_counts": _counts(frame), "drift": list(drift),
             "drift_size": p.drift_size, "broken_photos": broken}
@@ -124,7 +135,7 @@ def _draw_rows(rng: np.random.Generator, n: int, label_kind: str, drift: tuple[s
     latent = W_TABULAR * tab_score + W_TEXT * text_score + W_IMAGE * image_score + rng.normal(0, NOISE, n)
     if "labels" in drift:  # adoptions got faster across the board: the label rate moves
         latent = latent + 0.8 * drift_size
-    table[schema.LABEL] = _labels(latent, label_kind)
+    table[pf.LABEL] = _labels(latent, label_kind)
 
     table["Name"] = draw_names(rng, n, EMPTY_NAME_SHARE)
     table["Description"] = draw_descriptions(
@@ -135,7 +146,7 @@ def _draw_rows(rng: np.random.Generator, n: int, label_kind: str, drift: tuple[s
     table["PhotoAmt"] = np.minimum(n_images + rng.poisson(1.5, n), 30)
     table["PetID"] = pet_ids
     table["Images"] = [
-        schema.IMAGE_SEPARATOR.join(f"images/{pid}-{k}.jpg" for k in range(1, int(m) + 1))
+        IMAGE_SEPARATOR.join(f"images/{pid}-{k}.jpg" for k in range(1, int(m) + 1))
         for pid, m in zip(pet_ids, n_images, strict=True)
     ]
     return table, image_score, n_images
@@ -223,7 +234,7 @@ def _write_images(
     pixels = draw_images(rng, image_score[owner], np.asarray(table["Color1"])[owner], size)
     k = 0
     for paths in table["Images"]:
-        for rel in schema.split_images(paths):
+        for rel in split_images(paths):
             (dataset / rel).write_bytes(encode_jpeg(pixels[k]))
             k += 1
 
@@ -241,5 +252,5 @@ def _hex_ids(rng: np.random.Generator, n: int, width: int, unique: bool) -> list
 
 
 def _counts(frame: pd.DataFrame) -> dict[str, int]:
-    counts = frame[schema.LABEL].value_counts().sort_index()
+    counts = frame[pf.LABEL].value_counts().sort_index()
     return {str(k): int(v) for k, v in counts.items()}

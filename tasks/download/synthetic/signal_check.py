@@ -18,7 +18,8 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 from sklearn.preprocessing import OneHotEncoder, StandardScaler
 
-from fusion_model import schema
+from fusion_model.dataset import split_images
+from fusion_model.presets import petfinder as pf
 
 
 def modality_aucs(dataset_dir: Path) -> dict[str, float]:
@@ -32,7 +33,7 @@ def modality_aucs(dataset_dir: Path) -> dict[str, float]:
         "image": _image(dataset_dir, train, test),
     }
     feats["all"] = tuple(sparse.hstack([f[i] for f in feats.values()]).tocsr() for i in (0, 1))
-    y_train, y_test = train[schema.LABEL].to_numpy(), test[schema.LABEL].to_numpy()
+    y_train, y_test = train[pf.LABEL].to_numpy(), test[pf.LABEL].to_numpy()
     aucs = {}
     for name, (x_train, x_test) in feats.items():
         model = LogisticRegression(C=0.3, max_iter=2000).fit(x_train, y_train)
@@ -41,12 +42,12 @@ def modality_aucs(dataset_dir: Path) -> dict[str, float]:
 
 
 def _tabular(train: pd.DataFrame, test: pd.DataFrame) -> tuple[sparse.csr_matrix, sparse.csr_matrix]:
-    onehot = OneHotEncoder(handle_unknown="ignore").fit(train[list(schema.CATEGORICAL_COLUMNS)])
-    numeric = StandardScaler().fit(np.log1p(train[list(schema.NUMERIC_COLUMNS)]))
+    onehot = OneHotEncoder(handle_unknown="ignore").fit(train[list(pf.CATEGORICAL_COLUMNS)])
+    numeric = StandardScaler().fit(np.log1p(train[list(pf.NUMERIC_COLUMNS)]))
 
     def f(df: pd.DataFrame) -> sparse.csr_matrix:
-        cat = onehot.transform(df[list(schema.CATEGORICAL_COLUMNS)])
-        num = numeric.transform(np.log1p(df[list(schema.NUMERIC_COLUMNS)]))
+        cat = onehot.transform(df[list(pf.CATEGORICAL_COLUMNS)])
+        num = numeric.transform(np.log1p(df[list(pf.NUMERIC_COLUMNS)]))
         return sparse.hstack([cat, sparse.csr_matrix(num)]).tocsr()
 
     return f(train), f(test)
@@ -66,7 +67,7 @@ def _image_stats(path: Path) -> np.ndarray:
 
 def _image(dataset_dir: Path, train: pd.DataFrame, test: pd.DataFrame) -> tuple[sparse.csr_matrix, sparse.csr_matrix]:
     def stats(df: pd.DataFrame) -> np.ndarray:
-        return np.stack([_image_stats(dataset_dir / schema.split_images(c)[0]) for c in df[schema.IMAGES]])
+        return np.stack([_image_stats(dataset_dir / split_images(c)[0]) for c in df[pf.IMAGES]])
 
     s_train, s_test = stats(train), stats(test)
     scaler = StandardScaler().fit(s_train)
