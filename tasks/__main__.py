@@ -28,9 +28,10 @@ from tasks.params import Params, ParamsError, load_params
 # stage name -> (module, params.yaml section); the module defines a function named like the stage.
 # The stages that read the table itself also take the declared dataset (params.yaml `dataset:`); the later
 # ones read it from the validated folder's meta.json.
-DATASET_STAGES = frozenset({"download", "validate"})
+DATASET_STAGES = frozenset({"download", "intake", "validate"})
 STAGES: dict[str, tuple[str, str]] = {
     "download": ("tasks.download", "download"),
+    "intake": ("tasks.intake", "download"),
     "validate": ("tasks.validate", "validate"),
     "train": ("tasks.train", "train"),
     "convert": ("tasks.convert", "convert"),
@@ -99,6 +100,17 @@ def build_parser() -> argparse.ArgumentParser:
     back = action.add_parser("rollback", help="make an earlier promotion the champion again")
     back.add_argument("--to", type=int, default=None, metavar="VERSION",
                       help="the version to restore (default: the one promoted before the current champion)")
+    batches = sub.add_parser("batches", help="the arriving batches: list them, readmit or reject a quarantined one")
+    batches.add_argument("--params", default="params.yaml", type=Path, help="params file (default params.yaml)")
+    batches_action = batches.add_subparsers(dest="action", required=True, metavar="ACTION")
+    batches_list = batches_action.add_parser("list", help="every batch seen: taken in, warned, quarantined, why")
+    batches_list.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    for name, text in (("readmit", "take a quarantined batch in after review (its overridden check recorded)"),
+                       ("reject", "refuse a quarantined batch for good")):
+        one = batches_action.add_parser(name, help=text)
+        one.add_argument("batch", type=int, metavar="N", help="the batch number (`batches list`)")
+        if name == "reject":
+            one.add_argument("--reason", default="", help="why, for the ledger")
     # the drift gate's statistics load scipy: defined here, imported only when `drift` runs
     drift = sub.add_parser("drift", help="the drift gate on two CSV tables: exit 0 passed, 1 drifted, 2 bad input")
     drift.add_argument("--reference", type=Path, required=True, metavar="TABLE",
@@ -129,6 +141,25 @@ def run_champion(args: argparse.Namespace) -> Any:
         return rows
     print(registry.render_listing(rows), end="")
     return None
+
+
+def run_batches(args: argparse.Namespace) -> int:
+    review = importlib.import_module("tasks.intake.review")
+    try:
+        params = load_params(args.params)
+        if args.action == "list":
+            rows = review.listing(params.download)
+            print(json.dumps(rows, indent=2) if args.json else review.render(rows), end="\n" if args.json else "")
+            return 0
+        if args.action == "readmit":
+            record = review.readmit(params.download, params.schema, args.batch)
+        else:
+            record = review.reject(params.download, args.batch, args.reason)
+    except (StageError, ParamsError) as e:
+        print(f"error: batches {args.action}: {e}", file=sys.stderr)
+        return 1
+    _print_result(record)
+    return 0
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -164,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: dataset infer: {e}", file=sys.stderr)
             return 1
         return 0
+    if args.stage == "batches":
+        return run_batches(args)
     if args.stage == "champion":
         try:
             result = run_champion(args)

@@ -104,6 +104,27 @@ class LocalParams(_Section):
     label_kind: LegacyLabelKind | None = Field(None, description="deprecated: dataset.label.problem_type decides")
 
 
+class FeedParams(_Section):
+    """Where arriving batches come from (tasks/intake): each new drop (a table and its images) becomes the
+    next batch. A drop's identity is its content's sha256: the same drop again is a no-op, a changed drop
+    under a name already taken is refused naming it."""
+
+    kind: Literal["synthetic", "folder", "url"] = Field(
+        "synthetic", description="synthetic: the embedded generator's batch download.synthetic.batch; folder: the "
+                                 "drops in `path` matching `glob`; url: the drops a listing at `url` names")
+    path: Path | None = Field(None, description="kind folder: the folder drops arrive in")
+    glob: str = Field("*", description="kind folder: which entries of `path` are drops (a folder with a table and "
+                                       "its images, or a CSV / Parquet table), taken in name order")
+    url: str | None = Field(None, pattern=r"^(https?|file)://", description=(
+        "kind url: a listing, one drop per line (a URL of a CSV, Parquet or zip; `name URL` to name it), or a "
+        "JSON list of {name, url}"))
+    on_duplicate: Literal["refuse", "update"] = Field(
+        "refuse", description="a row whose id the data already holds: refuse the batch naming the ids, or replace "
+                              "the older row (recorded in the batch's record)")
+    ledger: Path = Field(Path("data/intake/batches.json"), description=(
+        "every batch seen: name, sha256, taken in / warned / quarantined / rejected and why"))
+
+
 class DownloadParams(_Section):
     source: Literal["synthetic", "url", "local"] = Field(
         "synthetic", description="synthetic (embedded, offline), url (the tutorial zip) or local (files on disk)"
@@ -130,6 +151,7 @@ class DownloadParams(_Section):
         None, description="drift.json, drift.md, drift.png of the latest batch; null: a reports/ folder beside out_dir")
     holdout_fraction: float = Field(0.2, gt=0, lt=1, description="share of each batch held out for scoring")
     drift_gate: DriftGateParams = DriftGateParams()
+    feed: FeedParams = FeedParams()
 
     @property
     def drift_reports(self) -> Path:
@@ -194,7 +216,7 @@ class PromoteParams(_Section):
 class VersionParams(_Section):
     """What the `version` step records: DVC-commits these stages, pushes them and writes a run manifest."""
 
-    stages: list[str] = ["download", "validate", "train", "convert", "evaluate"]
+    stages: list[str] = ["download", "intake", "validate", "train", "convert", "evaluate"]
     remote: str | None = None  # None: the default remote of .dvc/config
     push: bool = True
     # data, model and metrics are always pushed; the training checkpoints (optimizer shards: ~3x the

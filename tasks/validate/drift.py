@@ -127,7 +127,7 @@ class DriftReport(BaseModel):
     thresholds: DriftThresholds
     columns: dict[str, ColumnDrift] = Field(default_factory=dict)
     skipped: dict[str, str] = Field(default_factory=dict)  # column -> why it was not compared
-    batch: int | None = None  # which arriving batch this is; set by the caller (tasks/download/batches.py)
+    batch: int | None = None  # which arriving batch this is; set by the caller (tasks/intake)
 
 
 def _num(x: float) -> float:
