@@ -199,7 +199,7 @@ def test_a_refused_dataset_stops_the_flow_before_training(workspace: Path) -> No
     with pytest.raises(StageError, match="train.csv"):
         state.result()
     # validate ran once (no retry) and nothing after it ran
-    assert _task_states(state) == {"download": ["COMPLETED:1"], "validate": ["FAILED:1"]}
+    assert _task_states(state) == {"download": ["COMPLETED:1"], "intake": ["COMPLETED:1"], "validate": ["FAILED:1"]}
     assert not (workspace / "data/checkpoints").exists() and not (workspace / "models/champion").exists()
     events = [json.loads(line) for line in (workspace / "models/runs" / RUN_LOG_NAME).read_text().splitlines()]
     assert [e["event"] for e in events] == ["started", "failed"]

@@ -58,7 +58,7 @@ class JoinPlan:
 
     arrived: pd.DataFrame
     replaced: list[str] = field(default_factory=list)  # ids whose older rows the batch replaces
-    drop_rows: dict[str, list[int]] = field(default_factory=dict)  # file (relative) -> row ids removed
+    drop_rows: dict[str, list[str]] = field(default_factory=dict)  # file (relative) -> row ids removed
     images: list[str] = field(default_factory=list)  # relative paths to link in
     replace_images: list[str] = field(default_factory=list)  # relative paths whose older file is replaced
 
@@ -103,7 +103,7 @@ def plan_join(landed: Path, dataset: Path, schema: DatasetSchema, on_duplicate: 
                 if key in table.columns:
                     older = table[table[key].astype(str).isin(taken)]
                     if len(older):
-                        plan.drop_rows[name] = [int(i) for i in older.index]
+                        plan.drop_rows[name] = [str(i) for i in older.index]
                         older_images |= {p for cell in image_cells(older, schema.columns.image)
                                          for p in split_images(cell)}
     wanted = sorted({p for cell in image_cells(arrived, schema.columns.image) for p in split_images(cell)})
@@ -138,7 +138,7 @@ def apply_join(plan: JoinPlan, out_dir: Path, batch: int, seed: int, holdout_fra
         dataset = staged / DATASET_DIRNAME
         for name, rows in plan.drop_rows.items():
             table = read_table(dataset / name)
-            table.drop(index=[r for r in rows if r in table.index]).to_csv(dataset / name, lineterminator="\n")
+            table[~table.index.astype(str).isin(rows)].to_csv(dataset / name, lineterminator="\n")
         arrived = plan.arrived
         rng = np.random.default_rng([seed, batch, 1])
         held = np.zeros(len(arrived), dtype=bool)

@@ -3,7 +3,7 @@
 `readmit N` takes a quarantined batch in after a person looked at it: the check that refused it is
 overridden (a drift verdict, or ids already taken in: the newer rows then replace the older ones) and
 recorded in the ledger, the raw manifest's batch record and so the run manifest. A batch refused by its own
-validation or by an image name clash cannot be readmitted: its files must be fixed and dropped again
+validation, by ids repeated inside it or by an image name clash cannot be readmitted: its files must be fixed and dropped again
 under a new name. `reject N` refuses it for good (its files stay in the quarantine folder for reference).
 """
 
@@ -55,7 +55,7 @@ def _quarantined(p: DownloadParams, batch: int) -> tuple[Any, BatchRecord, Path]
 def readmit(p: DownloadParams, schema: DatasetSchema, batch: int) -> BatchRecord:
     ledger, record, folder = _quarantined(p, batch)
     override = OVERRIDABLE.get(record.check)
-    if override is None or (record.check == "join" and "image file" in record.reason):
+    if override is None or (record.check == "join" and "already in the accumulated data" not in record.reason):
         raise StageError(
             f"batch {batch} ({record.name}) was refused by its {record.check or 'checks'}: {record.reason} That cannot "
             "be overridden: fix the files and drop the batch again under a new name, or reject it")
