@@ -234,3 +234,36 @@ def test_the_quarantine_is_reviewed_with_the_batches_cli(project: dict, capsys: 
     assert not (root / "data/quarantine/batch-0001").exists() and (root / "data/quarantine/batch-0002").is_dir()
     assert main(["batches", "--params", str(params), "readmit", "2"]) == 1  # rejected: not quarantined any more
     assert "is rejected, not quarantined" in capsys.readouterr().err
+
+
+def test_validate_refuses_repeated_row_ids_naming_them_instead_of_crashing(base: dict, tmp_path: Path) -> None:
+    """What a hand-landed batch with a fresh index used to leave behind: before, validate crashed with
+    `PydanticSerializationError: Unable to serialize unknown type: numpy.int64` writing its report."""
+    from tasks.params import ValidateParams
+    from tasks.validate import ValidationError, validate
+
+    dataset = tmp_path / "dataset"
+    shutil.copytree(base["root"] / "data/raw/dataset", dataset)
+    train = pd.read_csv(dataset / "train.csv", index_col=0, dtype=str, keep_default_na=False)
+    pd.concat([train, train.iloc[:20].reset_index(drop=True)]).to_csv(dataset / "train.csv")
+    with pytest.raises(ValidationError, match=r"column 'row_id': expected the file's leading index column is unique"):
+        validate(ValidateParams(dataset_dir=dataset, out_dir=tmp_path / "validated", report_dir=tmp_path / "reports",
+                                workers=1))
+    report = json.loads((tmp_path / "reports/validation.json").read_text())
+    assert report["success"] is False
+
+
+def test_a_url_feed_takes_the_drops_its_listing_names(project: dict, tmp_path: Path) -> None:
+    """kind url: a listing of drop URLs (file:// here; http(s) goes through the download's retries)."""
+    root = project["root"]
+    rows = project["rows"][1]
+    served = tmp_path / "served"
+    _drop(served / "first", rows, project["generated"] / "1")
+    shutil.make_archive(str(served / "first"), "zip", served, "first")
+    (served / "listing.txt").write_text(f"# drops\nnightly-1 file://{served / 'first.zip'}\n")
+    p = project["p"].model_copy(update={"feed": FeedParams(kind="url", url=f"file://{served / 'listing.txt'}",
+                                                           ledger=root / "data/intake/batches.json")})
+    assert intake(p).taken == [1]
+    [record] = read_ledger(p.feed.ledger).batches
+    assert record.name == "nightly-1" and record.origin.endswith("first.zip")
+    assert intake(p).already == [f"nightly-1: batch 1, {record.status}"]
