@@ -8,6 +8,7 @@ drift gate to be calm on rows of its own population)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -267,3 +268,28 @@ def test_a_url_feed_takes_the_drops_its_listing_names(project: dict, tmp_path: P
     [record] = read_ledger(p.feed.ledger).batches
     assert record.name == "nightly-1" and record.origin.endswith("first.zip")
     assert intake(p).already == [f"nightly-1: batch 1, {record.status}"]
+
+
+@pytest.mark.slow
+def test_dvc_lock_names_the_batches_the_data_holds(tmp_path: Path) -> None:
+    """`dvc repro intake` in a throwaway git + DVC copy with a folder feed: dvc.lock records the ledger,
+    which names the batch by content sha256; the download stage's entry claims no batch number."""
+    from project_copy import dvc, make_project
+
+    project = make_project(tmp_path / "project", {"download": {"feed": {"kind": "folder", "path": "feed"}}})
+    generate_batch(tmp_path / "rows", SyntheticParams(image_size=32, seed=7, batch_rows=60), 1)
+    _drop(project / "feed/2026-12-02", pd.read_csv(tmp_path / "rows/train.csv", index_col=0, dtype=str,
+                                                   keep_default_na=False), tmp_path / "rows")
+    dvc(project, "repro", "intake")
+    lock = yaml.safe_load((project / "dvc.lock").read_text())
+    ledger = json.loads((project / "data/intake/batches.json").read_text())
+    [record] = ledger["batches"]
+    assert record["name"] == "2026-12-02" and record["status"] in ("taken", "warned")
+    intake_outs = {o["path"]: o for o in lock["stages"]["intake"]["outs"]}
+    assert "data/intake/batches.json" in intake_outs
+    assert intake_outs["data/intake/batches.json"]["md5"] == hashlib.md5(
+        (project / "data/intake/batches.json").read_bytes()).hexdigest()
+    download_params = lock["stages"]["download"]["params"]["params.yaml"]
+    assert not any(k.startswith("download.synthetic.batch") for k in download_params), download_params
+    manifest = json.loads((project / "data/raw/manifest.json").read_text())
+    assert [b["sha256"] for b in manifest["batches"]] == [record["sha256"]]
