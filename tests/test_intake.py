@@ -93,6 +93,7 @@ def _train(root: Path) -> pd.DataFrame:
     return pd.read_csv(root / "data/raw/dataset/train.csv", index_col=0, dtype=str, keep_default_na=False)
 
 
+@pytest.mark.slow
 def test_a_fresh_index_batch_gets_new_row_ids_and_the_same_drop_again_is_a_no_op(project: dict) -> None:
     """Before: the batch's 0..n-1 index became row ids the base already had (duplicates in train.csv)."""
     root, p = project["root"], project["p"]
@@ -237,6 +238,7 @@ def test_the_quarantine_is_reviewed_with_the_batches_cli(project: dict, capsys: 
     assert "is rejected, not quarantined" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_validate_refuses_repeated_row_ids_naming_them_instead_of_crashing(base: dict, tmp_path: Path) -> None:
     """What a hand-landed batch with a fresh index used to leave behind: before, validate crashed with
     `PydanticSerializationError: Unable to serialize unknown type: numpy.int64` writing its report."""
@@ -293,3 +295,13 @@ def test_dvc_lock_names_the_batches_the_data_holds(tmp_path: Path) -> None:
     assert not any(k.startswith("download.synthetic.batch") for k in download_params), download_params
     manifest = json.loads((project / "data/raw/manifest.json").read_text())
     assert [b["sha256"] for b in manifest["batches"]] == [record["sha256"]]
+
+
+def test_a_parquet_drop_is_taken_in_like_a_csv(project: dict) -> None:
+    root, p = project["root"], project["p"]
+    drop = _drop(root / "feed/drop-p", project["rows"][1], project["generated"] / "1")
+    table = pd.read_csv(drop / "train.csv", index_col=0, dtype=str, keep_default_na=False)
+    (drop / "train.csv").unlink()
+    table.to_parquet(drop / "rows.parquet")
+    assert intake(p).taken == [1]
+    assert _train(root)[PET_ID].is_unique and len(_train(root)) == N_TRAIN + DROP_ROWS - round(DROP_ROWS * 0.2)

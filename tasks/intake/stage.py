@@ -30,11 +30,11 @@ from fusion_model.checks import image_cells
 from fusion_model.dataset import DatasetSchema, resolve_schema, split_images
 from tasks._io.files import write_text
 from tasks._io.folders import temp_dir_beside
-from tasks.download.manifest import DATASET_DIRNAME
+from tasks.download.manifest import DATASET_DIRNAME, read_manifest
 from tasks.errors import StageError
 from tasks.intake.feed import Drop, list_drops, table_of
 from tasks.intake.join import JoinRefused, apply_join, next_row_id, plan_join
-from tasks.intake.ledger import BatchRecord, Ledger, read_ledger, write_ledger
+from tasks.intake.ledger import JOINED, BatchRecord, Ledger, read_ledger, write_ledger
 from tasks.params import DownloadParams
 from tasks.validate.drift import DriftReport, drift_gate, no_batch_report, write_drift_report
 from tasks.validate.drift_stats import DriftColumns
@@ -218,20 +218,22 @@ def intake(p: DownloadParams, dataset: DatasetSchema | None = None) -> IntakeSum
     try:
         drops = list_drops(p, schema, work)
         summary.seen = len(drops)
+        # batches the ledger took in but the data lacks (the base was rebuilt from a changed source): again
+        in_data = {b.get("sha256") for b in (read_manifest(out_dir) or {}).get("batches", [])}
         for drop in drops:
             known = ledger.by_sha(drop.sha256)
-            if known is not None:
+            if known is not None and (known.status not in JOINED or known.sha256 in in_data):
                 summary.already.append(f"{drop.name}: batch {known.batch}, {known.status}")
                 continue
             used = ledger.by_name(drop.name)
-            if used is not None:
+            if used is not None and used is not known:
                 raise StageError(
                     f"feed drop {drop.name!r} ({drop.origin}) has changed since it was seen as batch {used.batch} "
                     f"(sha256 {used.sha256[:12]}... then, {drop.sha256[:12]}... now); a batch's content never changes "
                     "under its name. Fix: drop the new content under a new name (and remove or restore the changed "
                     "one)")
-            number = drop.batch if drop.batch is not None else ledger.next_number()
-            if ledger.get(number) is not None:
+            number = known.batch if known is not None else drop.batch if drop.batch is not None else ledger.next_number()
+            if known is None and ledger.get(number) is not None:
                 raise StageError(f"batch {number} ({drop.name}) is already in the ledger {p.feed.ledger} as "
                                  f"{ledger.get(number).name!r}; set download.synthetic.batch to a new batch")
             record = BatchRecord(batch=number, name=drop.name, sha256=drop.sha256, origin=drop.origin, status="taken")

@@ -19,7 +19,7 @@ The tests, per role (columns come by role in `DriftColumns`, taken from the data
   rule, so the chi-square approximation holds at small batch sizes); effect: PSI over those buckets.
   (2) codes the reference never had: the number of such rows against a binomial whose rate is
   Good-Turing's estimate of the reference's missing mass, (singletons + 1) / (rows + 1) (rare-code columns
-  such as Breed2 carry new codes by chance; a column without rare codes almost never does); effect: the
+  such as a secondary breed carry new codes by chance; a column without rare codes almost never does); effect: the
   batch's share of such rows above that rate.
 - a binary label and the share of rows without an image: Fisher's exact test on the 2 x 2 table; effect:
   the difference of the rates. A multiclass or ordinal label: chi-square over its classes (as (1));
