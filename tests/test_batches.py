@@ -114,6 +114,15 @@ def test_a_drifted_batch_stops_before_training_and_is_quarantined(accumulated: d
     assert (root / "reports/drift.md").read_text().startswith("# Drift gate: FAILED")
     assert (root / "reports/drift.png").read_bytes()[:4] == b"\x89PNG"
     assert last_batch_seen(_params(root, 0)) == 4  # the nightly run moves on to batch 5
+    # a person reviews it and takes it in: the drift verdict is overridden, and the override recorded
+    from fusion_model.dataset import resolve_schema
+    from tasks.intake.review import readmit
+
+    record = readmit(_params(root, 0), resolve_schema({"preset": "petfinder"}), 4)
+    assert record.status == "readmitted" and any(o.startswith("drift") and "Age" in o for o in record.overrides)
+    manifest = json.loads((root / "data/raw/manifest.json").read_text())
+    assert manifest["batches"][-1]["batch"] == 4 and manifest["batches"][-1]["overrides"] == record.overrides
+    assert not quarantined.exists() and (root / "data/raw/dataset/holdout/batch-0004.csv").is_file()
 
 
 def test_a_batch_with_broken_photos_is_refused_by_validation(accumulated: dict, tmp_path: Path) -> None:
