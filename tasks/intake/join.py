@@ -126,13 +126,13 @@ def plan_join(landed: Path, dataset: Path, schema: DatasetSchema, on_duplicate: 
     return plan
 
 
-def apply_join(plan: JoinPlan, out_dir: Path, batch: int, seed: int, holdout_fraction: float,
+def apply_join(plan: JoinPlan, landed: Path, out_dir: Path, batch: int, seed: int, holdout_fraction: float,
                record: dict) -> dict:
-    """The accumulated dataset plus this batch (its training share appended, its holdout beside, replaced
-    rows removed), built beside `out_dir` and swapped in whole. Returns the record, row counts filled in."""
+    """The accumulated dataset plus the batch landed in `landed` (its training share appended, its holdout
+    beside, replaced rows removed), built beside `out_dir` and swapped in whole; `record` joins the raw
+    manifest's batches. Returns the record, row counts filled in."""
     recover_dir(out_dir)
     staged = temp_dir_beside(out_dir)
-    landed_images = Path(record.pop("_landed"))
     try:
         _copy_tree_linked(out_dir, staged, [f"{DATASET_DIRNAME}/{n}" for n in plan.drop_rows])
         dataset = staged / DATASET_DIRNAME
@@ -152,7 +152,7 @@ def apply_join(plan: JoinPlan, out_dir: Path, batch: int, seed: int, holdout_fra
             dest.parent.mkdir(parents=True, exist_ok=True)
             if dest.exists():
                 dest.unlink()
-            os.link(landed_images / rel, dest)
+            os.link(landed / rel, dest)
         record |= {"train_rows": int((~held).sum()), "holdout_rows": int(held.sum())}
         add_batch(staged, record)
         swap_dir(staged, out_dir)

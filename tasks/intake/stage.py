@@ -21,7 +21,6 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 from pydantic import BaseModel
@@ -33,7 +32,7 @@ from tasks._io.folders import temp_dir_beside
 from tasks.download.manifest import DATASET_DIRNAME, read_manifest
 from tasks.errors import StageError
 from tasks.intake.feed import Drop, list_drops, table_of
-from tasks.intake.join import JoinRefused, apply_join, next_row_id, plan_join
+from tasks.intake.join import JoinPlan, JoinRefused, apply_join, next_row_id, plan_join
 from tasks.intake.ledger import JOINED, BatchRecord, Ledger, read_ledger, write_ledger
 from tasks.params import DownloadParams
 from tasks.validate.drift import DriftReport, drift_gate, no_batch_report, write_drift_report
@@ -193,13 +192,14 @@ def check_and_join(p: DownloadParams, schema: DatasetSchema, ledger: Ledger, lan
     return record
 
 
-def _joined(p: DownloadParams, plan: Any, record: BatchRecord, gate: DriftReport, landed: Path) -> None:
+def _joined(p: DownloadParams, plan: JoinPlan, record: BatchRecord, gate: DriftReport, landed: Path) -> None:
     manifest_record = {"batch": record.batch, "name": record.name, "sha256": record.sha256,
                        "status": record.status, "replaced": record.replaced, "overrides": record.overrides,
                        "drift": {"passed": gate.passed, "warned": gate.warned, "warnings": gate.warnings,
-                                 "drifted": gate.drifted},
-                       "_landed": str(landed)}  # the incoming folder, or the quarantine one (readmit)
-    done = apply_join(plan, Path(p.out_dir), record.batch, p.synthetic.seed, p.holdout_fraction, manifest_record)
+                                 "drifted": gate.drifted}}
+    # `landed`: the incoming folder, or the quarantine one (readmit)
+    done = apply_join(plan, landed, Path(p.out_dir), record.batch, p.synthetic.seed, p.holdout_fraction,
+                      manifest_record)
     record.train_rows, record.holdout_rows = done["train_rows"], done["holdout_rows"]
 
 
