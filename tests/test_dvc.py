@@ -44,8 +44,7 @@ STAGE_PARAMS = {
     "download": ["dataset", "download.source", "download.url", "download.sha256", "download.out_dir",
                  "download.synthetic.n_train", "download.synthetic.n_test", "download.synthetic.image_size",
                  "download.synthetic.seed", "download.local"],
-    "intake": ["dataset", "download.feed", "download.synthetic.batch", "download.synthetic.batch_rows",
-               "download.synthetic.drift", "download.synthetic.drift_size", "download.drift_gate", "download.holdout_fraction",
+    "intake": ["dataset", "download.feed", "download.drift_gate", "download.holdout_fraction",
                "download.incoming_dir", "download.quarantine_dir"],
     "validate": ["dataset", "validate"],
 }
