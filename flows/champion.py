@@ -25,13 +25,15 @@ def champion(action: Literal["list", "rollback"] = "list", to: int | None = None
              params_path: Path = Path("params.yaml")) -> list[dict[str, Any]]:
     """`list`: every promotion (version, sha256, score, run, data, code), the champion marked; `rollback`:
     make version `to` (default: the one before the current champion) the champion again, then list."""
-    from tasks.promote import registry, rollback
+    from tasks.promote import listing, registry, rollback
 
-    champion_dir = load_params(params_path).promote.champion_dir
+    section = load_params(params_path).promote
     if action == "rollback":
-        event = rollback(champion_dir, to)
+        event = rollback(section.champion_dir, to, lock_timeout_s=section.lock_timeout_s)
         get_run_logger().info("champion rolled back to version %d (%s)", event.version, event.sha256[:12])
-    rows = registry.listing(champion_dir)
+    rows = listing(section.champion_dir, lock_timeout_s=section.lock_timeout_s)
+    if problem := registry.dangling_link_problem(section.champion_dir):
+        get_run_logger().warning(problem)
     create_markdown_artifact(key="champion-registry", markdown="# Champions\n\n" + registry.render_listing(rows),
                              description="Every promoted model; * marks the champion")
     return rows

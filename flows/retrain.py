@@ -29,6 +29,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
+from prefect.states import Completed
 from pydantic import BaseModel, ValidationError
 
 from flows.artifacts import conversion_markdown, run_manifest_markdown, training_markdown
@@ -74,25 +75,43 @@ def _transient(task: Any, task_run: Any, state: Any) -> bool:
 def download_task(params: DownloadParams, dataset: DatasetSchema) -> Any:
     from tasks.download import download
 
+    return download(params, dataset)
+
+
+@task(name="intake", retries=0, cache_policy=NO_CACHE)
+def intake_task(params: DownloadParams, dataset: DatasetSchema) -> Any:
+    """The feed's new batches: each validated alone, gated on drift, joined by id or quarantined."""
+    from tasks.intake import intake
+
     try:
-        result = download(params, dataset)
+        result = intake(params, dataset)
     except StageError:
-        _drift_artifact(params)  # a stopped batch: its figures in the UI, then the flow stops
+        _intake_artifacts(params)  # a quarantined batch: its figures and the ledger in the UI, then the flow stops
         raise
-    _drift_artifact(params)
+    _intake_artifacts(params)
     return result
 
 
-def _drift_artifact(params: DownloadParams) -> None:
-    """The drift gate's report of the batch this run took in (or stopped), as a markdown artifact."""
+def _intake_artifacts(params: DownloadParams) -> None:
+    """The ledger (every batch: taken, warned, quarantined, why) as a table artifact, and the drift gate's
+    report of the latest batch compared as markdown."""
+    from tasks.intake.ledger import read_ledger
+
+    ledger = read_ledger(params.feed.ledger)
+    if ledger.batches:
+        create_table_artifact(
+            key="retrain-batches", description="Arriving batches: taken in, warned, quarantined, rejected",
+            table=[{"batch": b.batch, "name": b.name, "status": b.status, "check": b.check, "reason": b.reason[:300],
+                    "sha256": b.sha256[:12], "rows": b.train_rows + b.holdout_rows,
+                    "overrides": "; ".join(b.overrides)} for b in ledger.batches])
     report = params.drift_reports / "drift.md"
     drift = read_json_if_present(params.drift_reports / "drift.json") or {}
-    if params.synthetic.batch and report.is_file() and drift.get("batch") == params.synthetic.batch:
+    if report.is_file() and drift.get("batch"):
         verdict = "PASSED" if drift.get("passed") and not drift.get("warned") else (
             "WARNED" if drift.get("passed") else "FAILED")
         markdown = report.read_text() + f"\n\nPer-column drift (PNG): `{params.drift_reports / 'drift.png'}`\n"
         create_markdown_artifact(key="retrain-drift", markdown=markdown,
-                                 description=f"Drift gate {verdict}: batch {params.synthetic.batch}")
+                                 description=f"Drift gate {verdict}: batch {drift['batch']}")
 
 
 @task(name="validate", retries=0, cache_policy=NO_CACHE)
@@ -204,6 +223,7 @@ class RetrainResult(BaseModel):
     promoted: bool | None
     champion_dir: Path
     eval_dir: Path
+    intake: str = ""  # which batches this run took in (or "no new batch"); a quarantine fails the run naming it
 
 
 def _append_run_log(log_dir: Path, event: str, run_id: str, **fields: Any) -> None:
@@ -263,8 +283,8 @@ def retrain(
     if source is not None:
         changes.setdefault("download", {})["source"] = source
     params = resolve_params(params_path, changes)
-    if next_batch:
-        from tasks.download.batches import last_batch_seen
+    if next_batch and params.download.feed.kind == "synthetic":
+        from tasks.intake.stage import last_batch_seen
 
         batch = last_batch_seen(params.download) + 1
         changes.setdefault("download", {}).setdefault("synthetic", {})["batch"] = batch
@@ -281,11 +301,15 @@ def retrain(
             raise
         _append_run_log(log_dir, "finished", run_id, promoted=result.promoted)
     logger.info("retrain %s finished: %s", run_id, json.dumps(result.metrics, default=str))
-    return result
+    # the run's final state message says what became of the arriving data (a quarantine fails the run,
+    # its error naming the batch); the flow's return value is the result itself
+    promoted = {True: "promoted", False: "not promoted", None: "promotion not run"}[result.promoted]
+    return Completed(message=f"retrain {run_id}: {result.intake}; {promoted}", data=result)  # type: ignore[return-value]
 
 
 def _pipeline(params: Params, run_id: str, promote_model: bool, version_outputs: bool, changes: dict) -> RetrainResult:
     download_task(params.download, params.schema)
+    intake = intake_task(params.download, params.schema)
     validate_task(params.validate_, params.schema)
     if params.train.multi_host:  # a node job per host (flows/train_nodes.py); the one conversion gathers them
         from flows.train_nodes import convert_across_hosts, train_across_hosts
@@ -309,7 +333,7 @@ def _pipeline(params: Params, run_id: str, promote_model: bool, version_outputs:
             _annotate(manifest, {"promotion": decision.model_dump(mode="json")})
     return RetrainResult(
         run_id=run_id, curves=trained.curves, metrics=metrics, run_manifest=manifest, promoted=promoted,
-        champion_dir=params.promote.champion_dir, eval_dir=params.evaluate.out_dir,
+        champion_dir=params.promote.champion_dir, eval_dir=params.evaluate.out_dir, intake=intake.message,
     )
 
 

@@ -3,8 +3,11 @@
 The stage reads its section of params.yaml; any scalar key of that section can be overridden on the
 command line (paths included), so dvc.yaml and people call the same function the Prefect flow calls.
 ``python -m tasks champion list`` and ``python -m tasks champion rollback [--to VERSION]`` show and
-restore the promoted models kept under `promote.champion_dir`'s folder; ``python -m tasks dataset infer
-TABLE [--images-dir DIR] [--label COL]`` drafts the `dataset:` section for a table of your own.
+restore the promoted models kept under `promote.champion_dir`'s folder, waiting at most
+`promote.lock_timeout_s` for a promotion in progress. ``python -m tasks drift --reference TABLE --batch
+TABLE [--json]`` runs the drift gate on two CSV tables (exit 0 passed, 1 drifted, 2 bad input).
+``python -m tasks dataset infer TABLE [--images-dir DIR] [--label COL]`` drafts the `dataset:` section for
+a table of your own.
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ from tasks.params import Params, ParamsError, load_params
 # stage name -> (module, params.yaml section); the module defines a function named like the stage.
 # The stages that read the table itself also take the declared dataset (params.yaml `dataset:`); the later
 # ones read it from the validated folder's meta.json.
-DATASET_STAGES = frozenset({"download", "validate"})
+DATASET_STAGES = frozenset({"download", "intake", "validate"})
 STAGES: dict[str, tuple[str, str]] = {
     "download": ("tasks.download", "download"),
+    "intake": ("tasks.intake", "download"),
     "validate": ("tasks.validate", "validate"),
     "train": ("tasks.train", "train"),
     "convert": ("tasks.convert", "convert"),
@@ -88,12 +92,35 @@ def build_parser() -> argparse.ArgumentParser:
     champion = sub.add_parser("champion", help="list the promoted models, or roll the champion back")
     champion.add_argument("--params", default="params.yaml", type=Path, help="params file (default params.yaml)")
     champion.add_argument("--champion-dir", type=Path, default=None, help="default: params.yaml promote.champion_dir")
+    champion.add_argument("--lock-timeout-s", type=float, default=None, metavar="SECONDS",
+                          help="wait this long for a promotion in progress (default: params.yaml promote.lock_timeout_s)")
     action = champion.add_subparsers(dest="action", required=True, metavar="ACTION")
     listing = action.add_parser("list", help="every promotion: version, sha256, score, run, data, code")
     listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
     back = action.add_parser("rollback", help="make an earlier promotion the champion again")
     back.add_argument("--to", type=int, default=None, metavar="VERSION",
                       help="the version to restore (default: the one promoted before the current champion)")
+    batches = sub.add_parser("batches", help="the arriving batches: list them, readmit or reject a quarantined one")
+    batches.add_argument("--params", default="params.yaml", type=Path, help="params file (default params.yaml)")
+    batches_action = batches.add_subparsers(dest="action", required=True, metavar="ACTION")
+    batches_list = batches_action.add_parser("list", help="every batch seen: taken in, warned, quarantined, why")
+    batches_list.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    for name, text in (("readmit", "take a quarantined batch in after review (its overridden check recorded)"),
+                       ("reject", "refuse a quarantined batch for good")):
+        one = batches_action.add_parser(name, help=text)
+        one.add_argument("batch", type=int, metavar="N", help="the batch number (`batches list`)")
+        if name == "reject":
+            one.add_argument("--reason", default="", help="why, for the ledger")
+    # the drift gate's statistics load scipy: defined here, imported only when `drift` runs
+    drift = sub.add_parser("drift", help="the drift gate on two CSV tables: exit 0 passed, 1 drifted, 2 bad input")
+    drift.add_argument("--reference", type=Path, required=True, metavar="TABLE",
+                       help="CSV of the rows the model was trained on (the dataset's columns)")
+    drift.add_argument("--batch", type=Path, required=True, metavar="TABLE", help="CSV of the new rows")
+    drift.add_argument("--json", action="store_true", help="print the report as JSON")
+    drift.add_argument("--params", type=Path, default=Path("params.yaml"),
+                       help="params file: its dataset section and download.drift_gate (default params.yaml)")
+    drift.add_argument("--problem-type", choices=["binary", "multiclass", "ordinal", "regression"], default=None,
+                       help="the label's problem type (default: params.yaml dataset.label.problem_type)")
     return parser
 
 
@@ -101,14 +128,38 @@ def run_champion(args: argparse.Namespace) -> Any:
     # by name, as the stages are: no stage's command loads the registry
     promote = importlib.import_module("tasks.promote")
     registry = importlib.import_module("tasks.promote.registry")
-    champion_dir = args.champion_dir or load_params(args.params).promote.champion_dir
+    needs_params = args.champion_dir is None or args.lock_timeout_s is None
+    section = load_params(args.params).promote if needs_params else None
+    champion_dir = args.champion_dir if args.champion_dir is not None else section.champion_dir
+    timeout_s = args.lock_timeout_s if args.lock_timeout_s is not None else section.lock_timeout_s
     if args.action == "rollback":
-        return promote.rollback(champion_dir, args.to)
-    rows = registry.listing(champion_dir)
+        return promote.rollback(champion_dir, args.to, lock_timeout_s=timeout_s)
+    rows = promote.listing(champion_dir, lock_timeout_s=timeout_s)
+    if problem := registry.dangling_link_problem(champion_dir):
+        print(f"warning: {problem}", file=sys.stderr)
     if args.json:
         return rows
     print(registry.render_listing(rows), end="")
     return None
+
+
+def run_batches(args: argparse.Namespace) -> int:
+    review = importlib.import_module("tasks.intake.review")
+    try:
+        params = load_params(args.params)
+        if args.action == "list":
+            rows = review.listing(params.download)
+            print(json.dumps(rows, indent=2) if args.json else review.render(rows), end="\n" if args.json else "")
+            return 0
+        if args.action == "readmit":
+            record = review.readmit(params.download, params.schema, args.batch)
+        else:
+            record = review.reject(params.download, args.batch, args.reason)
+    except (StageError, ParamsError) as e:
+        print(f"error: batches {args.action}: {e}", file=sys.stderr)
+        return 1
+    _print_result(record)
+    return 0
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -133,6 +184,8 @@ def run_stage(stage: str, params: Params) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.stage == "drift":
+        return importlib.import_module("tasks.validate.drift_cli").main(args)
     if args.stage == "dataset":
         # by name, as the champion command does: no stage's command loads it
         infer_section = importlib.import_module("tasks.dataset").infer_section
@@ -142,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: dataset infer: {e}", file=sys.stderr)
             return 1
         return 0
+    if args.stage == "batches":
+        return run_batches(args)
     if args.stage == "champion":
         try:
             result = run_champion(args)

@@ -51,28 +51,27 @@ class SyntheticParams(_Section):
 
 
 class DriftGateParams(_Section):
-    """Thresholds of the drift gate an arriving batch passes before it joins (tasks/validate/drift.py): a
-    fail stops the run before training, a warning lets it go on and says so in the promotion decision."""
+    """The drift gate an arriving batch passes before it joins (tasks/validate/drift.py; the statistics
+    and why: tasks/validate/drift_stats.py; measured: BENCHMARKS.md): every column is tested against the
+    reference, and a test counts when its p-value after Holm's correction over all the gate's tests is at
+    most alpha AND its effect reaches the floor of its kind. A fail stops the run before training; a
+    warning lets it go on and says so in the promotion decision."""
 
-    psi_warn: float = Field(0.1, gt=0, description="population stability index, numeric columns and text length")
-    psi_fail: float = Field(0.25, gt=0)
-    category_psi_warn: float = Field(0.1, gt=0, description="frequency shift over the frequent codes + other")
-    category_psi_fail: float = Field(0.25, gt=0)
-    # a same-population batch of 600 rows carries a rare breed the reference never saw in up to ~4% of
-    # its rows (Breed2; BENCHMARKS.md, drift gate): the limits sit above that
-    unseen_warn: float = Field(0.05, ge=0, le=1, description="share of rows with a code the reference never had")
-    unseen_fail: float = Field(0.10, ge=0, le=1)
-    label_rate_warn: float = Field(0.05, ge=0, description="largest change of a class's share")
-    label_rate_fail: float = Field(0.10, ge=0)
-    missing_photo_warn: float = Field(0.10, ge=0, description="change of the share of rows without a photo")
-    missing_photo_fail: float = Field(0.20, ge=0)
+    alpha_fail: float = Field(0.01, gt=0, lt=1, description=(
+        "the chance that a batch of the reference's own population fails the gate, whatever its size "
+        "(familywise: Holm over every test)"))
+    alpha_warn: float = Field(0.05, gt=0, lt=1, description="the same chance for a warning")
+    min_psi: float = Field(0.1, ge=0, description=(
+        "smallest PSI a numeric column, a text length or the shares of known codes must also move by to count"))
+    min_share_change: float = Field(0.02, ge=0, le=1, description=(
+        "smallest change of a share that counts: a label class, rows without an image, rows with codes the "
+        "reference never had (above the share expected by chance)"))
     min_rows: int = Field(50, ge=1, description="a smaller batch is refused: too few rows to judge")
 
     @model_validator(mode="after")
-    def _warn_not_above_fail(self) -> DriftGateParams:
-        for name in ("psi", "category_psi", "unseen", "label_rate", "missing_photo"):
-            if getattr(self, f"{name}_warn") > getattr(self, f"{name}_fail"):
-                raise ValueError(f"{name}_warn must not be above {name}_fail")
+    def _warn_not_below_fail(self) -> DriftGateParams:
+        if self.alpha_warn < self.alpha_fail:
+            raise ValueError("alpha_warn must not be below alpha_fail (a warning is the weaker verdict)")
         return self
 
 
@@ -105,6 +104,27 @@ class LocalParams(_Section):
     label_kind: LegacyLabelKind | None = Field(None, description="deprecated: dataset.label.problem_type decides")
 
 
+class FeedParams(_Section):
+    """Where arriving batches come from (tasks/intake): each new drop (a table and its images) becomes the
+    next batch. A drop's identity is its content's sha256: the same drop again is a no-op, a changed drop
+    under a name already taken is refused naming it."""
+
+    kind: Literal["synthetic", "folder", "url"] = Field(
+        "synthetic", description="synthetic: the embedded generator's batch download.synthetic.batch; folder: the "
+                                 "drops in `path` matching `glob`; url: the drops a listing at `url` names")
+    path: Path | None = Field(None, description="kind folder: the folder drops arrive in")
+    glob: str = Field("*", description="kind folder: which entries of `path` are drops (a folder with a table and "
+                                       "its images, or a CSV / Parquet table), taken in name order")
+    url: str | None = Field(None, pattern=r"^(https?|file)://", description=(
+        "kind url: a listing, one drop per line (a URL of a CSV, Parquet or zip; `name URL` to name it), or a "
+        "JSON list of {name, url}"))
+    on_duplicate: Literal["refuse", "update"] = Field(
+        "refuse", description="a row whose id the data already holds: refuse the batch naming the ids, or replace "
+                              "the older row (recorded in the batch's record)")
+    ledger: Path = Field(Path("data/intake/batches.json"), description=(
+        "every batch seen: name, sha256, taken in / warned / quarantined / rejected and why"))
+
+
 class DownloadParams(_Section):
     source: Literal["synthetic", "url", "local"] = Field(
         "synthetic", description="synthetic (embedded, offline), url (the tutorial zip) or local (files on disk)"
@@ -131,6 +151,7 @@ class DownloadParams(_Section):
         None, description="drift.json, drift.md, drift.png of the latest batch; null: a reports/ folder beside out_dir")
     holdout_fraction: float = Field(0.2, gt=0, lt=1, description="share of each batch held out for scoring")
     drift_gate: DriftGateParams = DriftGateParams()
+    feed: FeedParams = FeedParams()
 
     @property
     def drift_reports(self) -> Path:
@@ -195,7 +216,7 @@ class PromoteParams(_Section):
 class VersionParams(_Section):
     """What the `version` step records: DVC-commits these stages, pushes them and writes a run manifest."""
 
-    stages: list[str] = ["download", "validate", "train", "convert", "evaluate"]
+    stages: list[str] = ["download", "intake", "validate", "train", "convert", "evaluate"]
     remote: str | None = None  # None: the default remote of .dvc/config
     push: bool = True
     # data, model and metrics are always pushed; the training checkpoints (optimizer shards: ~3x the

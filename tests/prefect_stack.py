@@ -19,6 +19,18 @@ from project_copy import env
 from tasks._io.ports import free_port
 
 POOL = "retrain-pool"
+PORT = "<port>"  # the free port of this stack (README: 4200)
+# The worker set-up of README.md ("Deployments: nightly, on demand, champion"), command for command and in
+# its order (test_worker_env.py reads the README and checks it): the documented set-up is what the tests run.
+SETUP: list[tuple[str, ...]] = [
+    ("server", "start", "--host", "127.0.0.1", "--port", PORT),
+    ("work-pool", "create", POOL, "--type", "process", "--overwrite"),
+    ("work-pool", "set-concurrency-limit", POOL, "1"),
+    ("--no-prompt", "deploy", "--all"),
+    ("worker", "start", "--pool", POOL),
+]
+# What the worker's environment names (prefect.yaml's pull steps read them when a run starts).
+WORKER_VARIABLES = ("RETRAIN_REPOSITORY", "RETRAIN_HOME")
 
 
 class PrefectStack:
@@ -144,10 +156,15 @@ class PrefectStack:
         return found
 
     def deploy(self) -> None:
-        """Server, a one-at-a-time process pool, `prefect deploy --all` of prefect.yaml, then a worker."""
-        self.start("server", "server", "start", "--host", "127.0.0.1", "--port", str(self.port))
-        self.wait_healthy()
-        self.prefect("work-pool", "create", POOL, "--type", "process", "--overwrite")
-        self.prefect("work-pool", "set-concurrency-limit", POOL, "1")
-        self.deploy_out = self.prefect("--no-prompt", "deploy", "--all").stdout
-        self.start("worker", "worker", "start", "--pool", POOL)
+        """SETUP, in order: a server, a one-at-a-time process pool, `prefect deploy --all` of prefect.yaml,
+        then a worker."""
+        for command in SETUP:
+            args = [str(self.port) if a == PORT else a for a in command]
+            if command[0] in ("server", "worker"):
+                self.start(command[0], *args)
+                if command[0] == "server":
+                    self.wait_healthy()
+            elif command[1:] == ("deploy", "--all"):
+                self.deploy_out = self.prefect(*args).stdout
+            else:
+                self.prefect(*args)

@@ -155,7 +155,7 @@ def test_a_run_publishes_every_artifact_and_its_body_runs_once_with_two_ranks(so
     assert "| strategy | deepspeed |" in training and "| world_size | 2 |" in training
     assert "roc_auc" in by_key["retrain-metrics"]["data"] and "classical baseline" in by_key["retrain-metrics"]["data"]
     assert "models/runs/" in by_key["retrain-promotion"]["data"]
-    assert set(soak.stack.task_states(run_id)) == {"download", "validate", "train", "convert", "evaluate",
+    assert set(soak.stack.task_states(run_id)) == {"download", "intake", "validate", "train", "convert", "evaluate",
                                                     "version", "promote"}
     events = [e for e in _jsonl(soak.workspace / "models/runs/flow_runs.jsonl") if e.get("flow_run_id") == run_id
               or e.get("run_id") == _manifest(soak, "plain")["run_id"]]

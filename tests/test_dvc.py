@@ -19,12 +19,13 @@ import yaml
 from filelock import FileLock
 from project_copy import ROOT, dvc, run, sha256, write_params
 
-STAGES = ("download", "validate", "train", "convert", "evaluate")
+STAGES = ("download", "intake", "validate", "train", "convert", "evaluate")
 MODEL = Path("data/model/model.safetensors")
 # Modules a stage runs by name (every `cmd` is `python -m tasks <stage>`; a subprocess or a lazy import)
 # rather than by an import statement at the top.
 ENTRY_MODULES = {
     "download": ["tasks.__main__", "tasks.download"],
+    "intake": ["tasks.__main__", "tasks.intake"],
     "validate": ["tasks.__main__", "tasks.validate"],
     "train": ["tasks.__main__", "tasks.train", "fusion_model.fit", "fusion_model.launch"],
     "convert": ["tasks.__main__", "tasks.convert"],
@@ -37,9 +38,19 @@ DATA_DIRS = {"fusion_model/presets/petfinder.py": "fusion_model/presets/petfinde
 DATA_PACKAGES = {"fusion_model/presets/petfinder_codes"}
 # The params.yaml sections each stage reads: its own, and for the stages that read the table itself the
 # dataset's declaration (the later ones read it from the validated folder, a dep).
-STAGE_PARAMS = {"download": ["dataset", "download"], "validate": ["dataset", "validate"]}
-# Another stage's package a stage runs: an arriving batch is validated and gated on drift inside download.
-SHARED_PACKAGES = {"download": {"tasks/validate"}}
+# The download stage tracks only the keys that make the base dataset (which batch arrived is the intake
+# ledger's record, not configuration); the intake stage the feed's and the gate's.
+STAGE_PARAMS = {
+    "download": ["dataset", "download.source", "download.url", "download.sha256", "download.out_dir",
+                 "download.synthetic.n_train", "download.synthetic.n_test", "download.synthetic.image_size",
+                 "download.synthetic.seed", "download.local"],
+    "intake": ["dataset", "download.feed", "download.drift_gate", "download.holdout_fraction",
+               "download.incoming_dir", "download.quarantine_dir"],
+    "validate": ["dataset", "validate"],
+}
+# Another stage's package a stage runs: an arriving batch is validated and gated on drift inside intake,
+# and joined into the download stage's dataset (its manifest, the embedded generator's batches).
+SHARED_PACKAGES = {"intake": {"tasks/validate", "tasks/download"}}
 
 
 def _ran(output: str) -> set[str]:
@@ -116,7 +127,7 @@ def test_stage_deps_list_every_module_the_stage_runs(stage: str) -> None:
 def test_each_stage_tracks_only_the_params_sections_it_reads() -> None:
     for stage in STAGES:
         assert _stage(stage)["params"] == STAGE_PARAMS.get(stage, [stage]), stage
-        assert _stage(stage)["cmd"] == f"python -m tasks {stage}"
+        assert _stage(stage)["cmd"] == f"python -m tasks {stage}", stage
 
 
 def test_evaluate_declares_every_file_it_writes() -> None:
@@ -150,7 +161,8 @@ def test_repro_runs_every_stage_and_writes_metrics(project: dict) -> None:
     status = run(root, "git", "status", "--porcelain", "--untracked-files=all").stdout.splitlines()
     new = sorted(line.removeprefix("?? ") for line in status)
     assert all(line.startswith("?? ") for line in status), status
-    assert all(p == "dvc.lock" or p in {"data/eval/metrics.json", "data/eval/plots/roc.csv", "data/eval/plots/confusion.csv"}
+    assert all(p == "dvc.lock" or p in {"data/eval/metrics.json", "data/eval/plots/roc.csv", "data/eval/plots/confusion.csv",
+                                        "data/intake/batches.json"}
                or p.startswith("reports/") for p in new), new
     for path in ("dvc.lock", "reports/validation.json", "reports/training/metrics.json", "reports/training/curves.png",
                  "reports/training/plots/metrics/val/roc_auc.tsv"):

@@ -199,13 +199,30 @@ def test_a_refused_dataset_stops_the_flow_before_training(workspace: Path) -> No
     with pytest.raises(StageError, match="train.csv"):
         state.result()
     # validate ran once (no retry) and nothing after it ran
-    assert _task_states(state) == {"download": ["COMPLETED:1"], "validate": ["FAILED:1"]}
+    assert _task_states(state) == {"download": ["COMPLETED:1"], "intake": ["COMPLETED:1"], "validate": ["FAILED:1"]}
     assert not (workspace / "data/checkpoints").exists() and not (workspace / "models/champion").exists()
     events = [json.loads(line) for line in (workspace / "models/runs" / RUN_LOG_NAME).read_text().splitlines()]
     assert [e["event"] for e in events] == ["started", "failed"]
     assert "validation of" in events[1]["error"] and "train.csv" in events[1]["error"]
     report = _artifacts(state)["retrain-validation"]  # the failed report is in the UI too
     assert report.description == "Validation FAILED" and "Breed1" in report.data
+
+
+@pytest.mark.slow
+def test_a_quarantined_batch_fails_the_run_naming_it_with_the_ledger_in_the_ui(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, temporary_prefect_server: None) -> None:
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["download"]["synthetic"] |= {"n_train": 300, "n_test": 60, "image_size": 8, "batch_rows": 120,
+                                        "drift": ["numeric", "codes"]}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    monkeypatch.chdir(tmp_path)
+    state = retrain(params_path=Path("params.yaml"), version_outputs=False, next_batch=True, return_state=True)
+    assert state.is_failed() and "batch 1 (batch-0001) is refused and quarantined" in state.message
+    assert "drift gate" in state.message
+    assert _task_states(state) == {"download": ["COMPLETED:1"], "intake": ["FAILED:1"]}
+    artifacts = _artifacts(state)
+    assert "quarantined" in str(artifacts["retrain-batches"].data) and "Age" in artifacts["retrain-drift"].data
+    assert (tmp_path / "data/quarantine/batch-0001/reason.txt").read_text().startswith("drift: ")
 
 
 @pytest.mark.slow

@@ -400,7 +400,7 @@ def test_concurrent_promotions_are_serialised(tmp_path: Path, table: pd.DataFram
     lock = FileLock(tmp_path / "models" / ".champion.lock")
     (tmp_path / "models").mkdir()
     with lock:
-        with pytest.raises(StageError, match=r"another promotion into .*champion held .*\.champion\.lock"):
+        with pytest.raises(StageError, match=r"another promotion or rollback into .*champion held .*\.champion\.lock"):
             promote(a.model_copy(update={"lock_timeout_s": 0.2}))
     assert not a.champion_dir.exists() and not history_path(a.champion_dir).exists()
 
@@ -423,6 +423,150 @@ def test_concurrent_promotions_are_serialised(tmp_path: Path, table: pd.DataFram
     # Whatever the order, the better model ends up champion and the second decision saw the first.
     assert (a.champion_dir / "model.safetensors").read_bytes() == (b.model_dir / "model.safetensors").read_bytes()
     assert history[1]["champion_score"] == history[0]["challenger_score"]
+
+
+# ------------------------------------------------------------------------------------- registry robustness
+def _whole_lines(path: Path) -> list[dict]:
+    """Every line of a JSONL file, each required to be one whole JSON object ending in a newline."""
+    data = path.read_bytes()
+    assert data.endswith(b"\n"), data[-80:]
+    return [json.loads(line) for line in data.decode().splitlines()]
+
+
+def promote_rollback(champion: Path) -> registry.ChampionEvent:
+    from tasks.promote import rollback
+
+    return rollback(champion, lock_timeout_s=5)
+
+
+def test_a_torn_last_line_is_skipped_with_a_warning_and_repaired_on_the_next_write(
+        tmp_path: Path, table: pd.DataFrame, caplog: pytest.LogCaptureFixture,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A crash mid-append leaves the last line of champions.jsonl and history.jsonl cut short: list, promote
+    and rollback still work (the line skipped, with a warning naming the file), and the next append
+    removes it, so both files are whole again."""
+    from tasks.__main__ import main
+
+    weak = _challenger(tmp_path, "weak", table, skill=0.1)
+    promote(weak)
+    champion = weak.champion_dir
+    logs = [champion.parent / "champions.jsonl", history_path(champion)]
+    for path in logs:  # what a kill in the middle of the next append leaves: half a record, no newline
+        whole = path.read_bytes()
+        path.write_bytes(whole + whole[: len(whole) // 2].rstrip(b"\n"))
+
+    cli = ["champion", "--params", str(Path(__file__).resolve().parents[1] / "params.yaml"),
+           "--champion-dir", str(champion)]
+    with caplog.at_level("WARNING"):
+        assert main([*cli, "list", "--json"]) == 0
+    assert [r["version"] for r in json.loads(capsys.readouterr().out)] == [1]
+    assert "champions.jsonl:2: the last line is cut short" in caplog.text and "skipped" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        assert [h["promoted"] for h in read_history(champion)] == [True]
+    assert "history.jsonl:2: the last line is cut short" in caplog.text
+
+    strong = _challenger(tmp_path, "strong", table, skill=0.6)
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        decision = promote(strong)
+    assert decision.promoted and decision.champion_score == _score(weak)  # compared with the kept champion
+    assert "removed the cut-short last line" in caplog.text
+    champions, history = (_whole_lines(path) for path in logs)
+    assert [(e["event"], e["version"]) for e in champions] == [("promoted", 1), ("promoted", 2)]
+    assert [h["promoted"] for h in history] == [True, True]
+    caplog.clear()
+    assert promote_rollback(champion).version == 1
+    assert caplog.text == ""  # nothing left to skip or repair
+
+
+def test_a_damaged_line_that_is_not_the_last_is_an_error_naming_it(tmp_path: Path, table: pd.DataFrame) -> None:
+    weak = _challenger(tmp_path, "weak", table, skill=0.1)
+    promote(weak)
+    log = weak.champion_dir.parent / "champions.jsonl"
+    log.write_bytes(b"#NOMBRE?\n" + log.read_bytes())  # not a crash: someone edited the file
+    before = log.read_bytes()
+    with pytest.raises(StageError, match=r"champions\.jsonl:1: not a JSON record, and not the last line.*"
+                                         r"Restore champions\.jsonl from a backup"):
+        promote(_challenger(tmp_path, "strong", table, skill=0.6))
+    assert log.read_bytes() == before and len(read_history(weak.champion_dir)) == 1
+    log.write_bytes(b'{"event": "promoted"}\n' + before.split(b"\n", 1)[1])  # whole JSON, not an event
+    with pytest.raises(StageError, match=r"champions\.jsonl:1: not a ChampionEvent record \(version: Field required"):
+        registry.listing(weak.champion_dir)
+
+
+def test_a_dangling_champion_link_refuses_promotion_until_repaired(tmp_path: Path, table: pd.DataFrame) -> None:
+    """The champion's store folder is gone: no challenger is promoted without a comparison; the message
+    says how to repair, and a rollback does."""
+    weak = _challenger(tmp_path, "weak", table, skill=0.1)
+    promote(weak)
+    promote(_challenger(tmp_path, "strong", table, skill=0.6))
+    champion = weak.champion_dir
+    gone = champion.resolve()
+    shutil.rmtree(gone)
+    link_before, history_before = os.readlink(champion), history_path(champion).read_bytes()
+    store_before = sorted(p.name for p in (champion.parent / "store").iterdir())
+    middle = _challenger(tmp_path, "middle", table, skill=0.3)
+    with pytest.raises(StageError) as err:
+        promote(middle)
+    message = str(err.value)
+    assert f"is a link to {gone}, which does not exist" in message and "nothing is promoted" in message
+    assert "python -m tasks champion rollback --to VERSION" in message and f"rm {champion}" in message
+    assert os.readlink(champion) == link_before and history_path(champion).read_bytes() == history_before
+    assert sorted(p.name for p in (champion.parent / "store").iterdir()) == store_before
+    assert len(registry.promotions(champion)) == 2  # a dangling link is not logged as a recovered promotion
+
+    assert promote_rollback(champion).version == 1  # the repair the message names
+    decision = promote(middle)
+    assert decision.promoted and decision.champion_score == _score(weak)  # compared, this time
+
+
+def test_a_rollback_is_in_the_history(tmp_path: Path, table: pd.DataFrame) -> None:
+    weak = _challenger(tmp_path, "weak", table, skill=0.1)
+    promote(weak)
+    strong = _challenger(tmp_path, "strong", table, skill=0.6)
+    promote(strong)
+    champion = weak.champion_dir
+    plot = champion.parent / "score_history.png"
+    plot_before = plot.read_bytes()
+    event = promote_rollback(champion)
+    history = read_history(champion)
+    assert [h["event"] for h in history] == ["decision", "decision", "rollback"]
+    record = history[-1]
+    assert record["champion_version"] == event.version == 1
+    assert record["champion_sha256"] == sha256_file(weak.model_dir / "model.safetensors")
+    assert record["previous_champion_sha256"] == sha256_file(strong.model_dir / "model.safetensors")
+    assert record["champion_score"] == _score(weak) and record["reason"].startswith("rolled back from")
+    assert plot.read_bytes() != plot_before  # the score history shows the rollback
+
+
+def test_the_champion_cli_honours_promote_lock_timeout_s(tmp_path: Path, table: pd.DataFrame,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    import time
+
+    import yaml
+
+    from tasks.__main__ import main
+
+    weak = _challenger(tmp_path, "weak", table, skill=0.1)
+    promote(weak)
+    promote(_challenger(tmp_path, "strong", table, skill=0.6))
+    params = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
+    params["promote"].update(champion_dir=str(weak.champion_dir), lock_timeout_s=0.3)
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text(yaml.safe_dump(params))
+    cli = ["champion", "--params", str(params_file)]
+    link_before = os.readlink(weak.champion_dir)
+    with FileLock(tmp_path / "models" / ".champion.lock"):  # a promotion in progress
+        for action in ("list", "rollback"):
+            started = time.monotonic()
+            assert main([*cli, action]) == 1
+            assert time.monotonic() - started < 5  # 0.3 s, not the 600 s default
+            err = capsys.readouterr().err
+            assert f"error: champion {action}: another promotion or rollback into {weak.champion_dir} held " in err
+            assert "for 0.3 s (promote.lock_timeout_s)" in err
+    assert os.readlink(weak.champion_dir) == link_before
+    assert main([*cli, "rollback"]) == 0 and main([*cli, "list"]) == 0  # the lock released: both run
 
 
 # ------------------------------------------------------- real converted models and evaluations (slow chain)

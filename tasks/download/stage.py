@@ -19,14 +19,12 @@ from pydantic import BaseModel
 
 from fusion_model.dataset import DatasetSchema, resolve_schema
 from tasks._io.folders import recover_dir, swap_dir, temp_dir_beside
-from tasks.download.batches import take_in
 from tasks.download.local import from_local
 from tasks.download.manifest import DATASET_DIRNAME, read_manifest, write_manifest
 from tasks.download.synthetic import generate
 from tasks.download.url import from_url
 from tasks.errors import StageError
 from tasks.params import FEED_KEYS, DownloadParams
-from tasks.validate.drift import no_batch_report, write_drift_report
 
 
 class DownloadSummary(BaseModel):
@@ -40,14 +38,13 @@ class DownloadSummary(BaseModel):
     seconds: float
     url: str | None = None
     attempts: int | None = None
-    batch: dict[str, Any] | None = None  # the arriving batch this run took in (download.synthetic.batch)
-    batches_taken_in: list[int] = []
+    batches_taken_in: list[int] = []  # arriving batches the accumulated data holds (tasks/intake)
 
 
 def download(p: DownloadParams, dataset: DatasetSchema | None = None) -> DownloadSummary:
-    """Write ``p.out_dir`` (dataset folder + manifest.json) from the configured source, all or nothing, then
-    take in the arriving batch ``download.synthetic.batch`` (> 0) after its checks (tasks/download/batches.py).
-    `dataset`: the declared table (default: the PetFinder preset).
+    """Write ``p.out_dir`` (dataset folder + manifest.json) from the configured source, all or nothing.
+    Arriving batches are the intake stage's (tasks/intake). `dataset`: the declared table (default: the
+    PetFinder preset).
 
     The base dataset is rebuilt from its source each run, except when the folder already holds accepted
     batches of the same base: rebuilding would drop them, so the accumulated data is kept as it is.
@@ -59,9 +56,6 @@ def download(p: DownloadParams, dataset: DatasetSchema | None = None) -> Downloa
     current = read_manifest(out_dir) if (out_dir / DATASET_DIRNAME).is_dir() else None
     keep = current is not None and current.get("batches") and current.get("base") == base_origin(p, schema)
     origin = current if keep else _build_base(p, out_dir, schema)
-    batch = take_in(p, schema) if p.synthetic.batch > 0 else None
-    if batch is None:
-        write_drift_report(no_batch_report(), p.drift_reports)
     manifest = read_manifest(out_dir) or {}
     return DownloadSummary(
         source=p.source,
@@ -74,7 +68,6 @@ def download(p: DownloadParams, dataset: DatasetSchema | None = None) -> Downloa
         seconds=round(time.perf_counter() - start, 3),
         url=origin.get("url"),
         attempts=origin.get("attempts"),
-        batch=batch,
         batches_taken_in=[b["batch"] for b in manifest.get("batches", [])],
     )
 

@@ -4,10 +4,12 @@ promoted model is kept, and the champion can be rolled back (tasks/promote/regis
 from tasks.promote.stage import (
     PromotionDecision,
     history_path,
+    listing,
     promote,
     read_history,
     render_decision_markdown,
     rollback,
 )
 
-__all__ = ["PromotionDecision", "history_path", "promote", "read_history", "render_decision_markdown", "rollback"]
+__all__ = ["PromotionDecision", "history_path", "listing", "promote", "read_history", "render_decision_markdown",
+           "rollback"]

@@ -7,14 +7,16 @@ models/                              (the folder holding champion_dir)
                                      changed: model.safetensors, model_config.json, manifest.json,
                                      metrics.json, promotion.json, run_manifest.json (when the run had one)
   champions.jsonl                    one line per promotion and per rollback
-  history.jsonl                      every promotion decision, promoted or not
+  history.jsonl                      every promotion decision, promoted or not, and every rollback
 ```
 
 A reader of `champion/` follows the link once and sees one complete, immutable folder: the old champion or
 the new one, never none and never a mix (a reader that opened the old one keeps reading it). A store
 folder is built under a temporary name and renamed into place complete. Changes happen under the
 promotion lock; a crash between the link flip and its log line is repaired on the next call from the
-promotion.json the store folder carries.
+promotion.json the store folder carries, and a log line a crash cut short is skipped with a warning and
+removed by the next append (tasks/_io/jsonl.py). A champion link whose store folder is gone is refused
+(`dangling_link_problem`): nothing is compared with, or promoted over, a model that is not there.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from fusion_model.layout import WEIGHTS
 from tasks._io.files import fsync_dir, read_json_if_present, write_json
 from tasks._io.folders import flush_tree, temp_dir_beside
 from tasks._io.hashing import sha256_file
+from tasks._io.jsonl import append_jsonl, read_jsonl_as
 from tasks.errors import StageError
 
 STORE = "store"
@@ -69,19 +72,24 @@ def current_sha(champion_dir: Path) -> str | None:
     return None
 
 
+def dangling_link_problem(champion_dir: Path) -> str | None:
+    """Why the champion link cannot be used when it names a store folder that is gone, else None."""
+    if not champion_dir.is_symlink() or champion_dir.exists():
+        return None
+    target = champion_dir.parent / os.readlink(champion_dir)
+    return (f"{champion_dir} is a link to {target}, which does not exist: the champion's model is gone, so "
+            "nothing can be compared with it and nothing is promoted. Repair the registry, then promote again: "
+            "roll back to a model the store still holds (`python -m tasks champion list`, then `python -m tasks "
+            f"champion rollback --to VERSION`), restore {target} from a backup, or remove the link "
+            f"(`rm {champion_dir}`) to let the next challenger become champion without a comparison.")
+
+
 def read_log(champion_dir: Path) -> list[ChampionEvent]:
-    path = log_path(champion_dir)
-    if not path.is_file():
-        return []
-    return [ChampionEvent.model_validate_json(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_jsonl_as(log_path(champion_dir), ChampionEvent)
 
 
 def _append(champion_dir: Path, event: ChampionEvent) -> None:
-    path = log_path(champion_dir)
-    with open(path, "a") as f:
-        f.write(event.model_dump_json() + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    append_jsonl(log_path(champion_dir), event.model_dump_json())
 
 
 def _now() -> str:
@@ -157,8 +165,8 @@ def reconcile(champion_dir: Path) -> None:
         link.unlink(missing_ok=True)
     adopt_legacy_folder(champion_dir)
     sha = current_sha(champion_dir)
-    if sha is None or any(e.sha256 == sha for e in read_log(champion_dir)):
-        return
+    if sha is None or dangling_link_problem(champion_dir) or any(e.sha256 == sha for e in read_log(champion_dir)):
+        return  # a dangling link is not a promotion to log: promote refuses it, rollback replaces it
     promotion = read_json_if_present(store_dir(champion_dir) / sha / PROMOTION_FILE) or {}
     _append(champion_dir, _promotion_event(champion_dir, sha, promotion, "recovered after an interrupted promotion"))
 
@@ -193,7 +201,8 @@ def rollback(champion_dir: Path, to: int | None = None) -> ChampionEvent:
     if not done or current is None:
         raise StageError(f"{champion_dir}: no champion yet, nothing to roll back to. Run a retrain first.")
     if to is None:
-        position = next(i for i, e in enumerate(done) if e.sha256 == current)
+        # a champion the log lacks (a link set by hand) counts as after every logged promotion
+        position = next((i for i, e in enumerate(done) if e.sha256 == current), len(done))
         if position == 0:
             raise StageError(f"{champion_dir}: the champion is the first promotion (version {done[0].version}); "
                              "there is no earlier one to roll back to.")

@@ -7,17 +7,17 @@ becomes champion. Scores are compared on one test set: when the champion's metri
 another one (its fingerprint differs), the champion is re-scored on the current test set first.
 Every promoted model is kept in the registry (tasks/promote/registry.py: content-addressed folders, the
 champion a symlink flipped atomically, `python -m tasks champion list|rollback`), a file lock serialises
-promotions, and every decision is appended to `history.jsonl` next to the champion.
+promotions, and every decision (and every rollback) is appended to `history.jsonl` next to the champion.
+A champion link whose model is gone refuses the promotion: nothing is promoted without a comparison.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pandas as pd
 from filelock import FileLock, Timeout
@@ -28,6 +28,7 @@ from fusion_model.metrics import greater_is_better
 from tasks._io import hashing
 from tasks._io.files import read_json, read_json_if_present
 from tasks._io.hashing import sha256_file
+from tasks._io.jsonl import append_jsonl, read_jsonl
 from tasks.errors import StageError
 from tasks.evaluate.inputs import (
     TestSet,
@@ -46,6 +47,7 @@ HISTORY_NAME = "history.jsonl"
 
 
 class PromotionDecision(BaseModel):
+    event: Literal["decision"] = "decision"  # history.jsonl also holds rollbacks (RollbackRecord)
     timestamp: str
     promoted: bool
     reason: str
@@ -66,6 +68,21 @@ class PromotionDecision(BaseModel):
     # both models on the newest arriving batch's held-out rows (the decision itself is on the test set)
     holdout: dict[str, Any] | None = None
     drift_warnings: list[str] = []  # columns the drift gate warned on for the batch this run took in
+
+
+class RollbackRecord(BaseModel):
+    """A rollback, in history.jsonl beside the decisions: which promoted version became champion again."""
+
+    event: Literal["rollback"] = "rollback"
+    timestamp: str
+    reason: str
+    metric: str | None
+    champion_score: float | None  # the restored model's score when it was promoted
+    champion_version: int
+    champion_sha256: str
+    previous_champion_sha256: str | None
+    champion_dir: Path
+    run_id: str | None  # the run that trained the restored model
 
 
 def history_path(champion_dir: Path) -> Path:
@@ -273,20 +290,15 @@ def _install(p: PromoteParams, decision: PromotionDecision, run_manifest: dict[s
     decision.champion_version = registry.make_champion(p.champion_dir, sha, decision.model_dump(mode="json")).version
 
 
-def append_history(path: Path, decision: PromotionDecision) -> None:
-    """One JSON line per decision, flushed to disk before the promotion returns."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        f.write(decision.model_dump_json() + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+def append_history(path: Path, record: PromotionDecision | RollbackRecord) -> None:
+    """One JSON line per decision or rollback, fsynced before the promotion returns (a line a crash cut
+    short is removed first: tasks/_io/jsonl.py)."""
+    append_jsonl(path, record.model_dump_json())
 
 
 def read_history(champion_dir: Path) -> list[dict[str, Any]]:
-    path = history_path(champion_dir)
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """Every decision and rollback, oldest first (a last line a crash cut short is skipped, with a warning)."""
+    return read_jsonl(history_path(champion_dir))
 
 
 def render_decision_markdown(decision: PromotionDecision) -> str:
@@ -317,15 +329,39 @@ def _promotion_lock(champion_dir: Path, timeout_s: float) -> FileLock:
     return FileLock(champion_dir.parent / f".{champion_dir.name}.lock", timeout=timeout_s)
 
 
+def _lock_timeout(champion_dir: Path, lock: FileLock, timeout_s: float, what: str) -> StageError:
+    return StageError(f"another promotion or rollback into {champion_dir} held {lock.lock_file} for {timeout_s:g} s "
+                      f"(promote.lock_timeout_s); wait for it to finish (the lock is released when its process "
+                      f"exits) and {what} again, or raise promote.lock_timeout_s.")
+
+
 def rollback(champion_dir: Path, to: int | None = None, lock_timeout_s: float = 600) -> registry.ChampionEvent:
-    """Make an earlier promoted model the champion again (see `registry.rollback`), under the promotion lock."""
+    """Make an earlier promoted model the champion again (see `registry.rollback`), under the promotion lock;
+    the rollback is logged in champions.jsonl and history.jsonl, and the score history is redrawn."""
     lock = _promotion_lock(champion_dir, lock_timeout_s)
     try:
         with lock:
-            return registry.rollback(champion_dir, to)
+            event = registry.rollback(champion_dir, to)
+            append_history(history_path(champion_dir), RollbackRecord(
+                timestamp=event.at, reason=event.reason, metric=event.metric, champion_score=event.score,
+                champion_version=event.version, champion_sha256=event.sha256,
+                previous_champion_sha256=event.previous_sha256, champion_dir=champion_dir, run_id=event.run_id))
+            write_score_history(read_history(champion_dir), score_history_path(champion_dir))
+            return event
     except Timeout:
-        raise StageError(f"a promotion into {champion_dir} held {lock.lock_file} for {lock_timeout_s:.0f} s; "
-                         "wait for it to finish and roll back again.") from None
+        raise _lock_timeout(champion_dir, lock, lock_timeout_s, "roll back") from None
+
+
+def listing(champion_dir: Path, lock_timeout_s: float = 600) -> list[dict[str, Any]]:
+    """`registry.listing` read under the promotion lock, so it never shows a promotion half done."""
+    if not champion_dir.parent.is_dir():
+        return []  # nothing promoted yet: no folder to lock, and listing creates none
+    lock = _promotion_lock(champion_dir, lock_timeout_s)
+    try:
+        with lock:
+            return registry.listing(champion_dir)
+    except Timeout:
+        raise _lock_timeout(champion_dir, lock, lock_timeout_s, "list") from None
 
 
 def promote(p: PromoteParams, run_manifest: Path | None = None) -> PromotionDecision:
@@ -337,6 +373,8 @@ def promote(p: PromoteParams, run_manifest: Path | None = None) -> PromotionDeci
     try:
         with lock:
             registry.reconcile(p.champion_dir)  # what an interrupted promotion left
+            if problem := registry.dangling_link_problem(p.champion_dir):
+                raise StageError(problem)
             decision = _decide(p, challenger)
             _holdout_and_drift(p, challenger, decision)
             decision.run_id = (manifest or {}).get("run_id")
@@ -345,8 +383,5 @@ def promote(p: PromoteParams, run_manifest: Path | None = None) -> PromotionDeci
             append_history(history_path(p.champion_dir), decision)
             write_score_history(read_history(p.champion_dir), score_history_path(p.champion_dir))
     except Timeout:
-        raise StageError(
-            f"another promotion into {p.champion_dir} held {lock.lock_file} for {p.lock_timeout_s:.0f} s; wait "
-            "for it to finish (the lock is released when its process exits), or raise promote.lock_timeout_s."
-        ) from None
+        raise _lock_timeout(p.champion_dir, lock, p.lock_timeout_s, "promote") from None
     return decision

@@ -1,19 +1,20 @@
 """The drift gate: compare a new labelled batch with the reference (the rows the current model was trained
 on), column by column, before the batch joins the training data.
 
-`drift_gate(reference, batch, thresholds, schema, classes) -> DriftReport` is pure (no files): a column whose
-gated figure is above its fail threshold fails the gate and stops the run before training; above its
-warn threshold it warns and the run goes on. `write_drift_report` writes drift.json / drift.md /
-drift.png; `render_drift_markdown` is also the Prefect artifact.
+`drift_gate(reference, batch, columns, thresholds) -> DriftReport` is pure (no files). The columns come
+by role (`drift_stats.DriftColumns`: numeric, categorical, text lengths, the label, its problem type and
+classes, the image columns), taken from the dataset schema (`DriftColumns.from_schema`). `write_drift_report`
+writes drift.json / drift.md / drift.png; `render_drift_markdown` is also the Prefect artifact.
 
-What is gated (figures from `tasks/validate/drift_stats.py`):
-- numeric columns and the Description length: PSI over the reference's decile buckets (KS reported only:
-  with thousands of rows its p-value flags harmless differences);
-- categorical codes: the share of batch rows with a code the reference never had (Great Expectations
-  `ExpectColumnValuesToBeInSet`) and the PSI of the frequent codes + "other"; the worse of the two counts;
-- the label: the largest change of a class's rate (binary: the positive rate);
-- photos: the change of the share of rows without a photo (empty `Images`).
-A batch smaller than `min_rows` is refused. Columns absent from either table are skipped, not failed.
+How it decides (the statistics and why they were chosen: `drift_stats.py`; measured: BENCHMARKS.md):
+every column gets one or two two-sample tests whose p-values account for the batch's size; Holm's
+correction over all the tests of the run turns them into adjusted p-values. A test fails when its
+adjusted p-value is at most `alpha_fail` AND its effect is at least the floor of its kind (`min_psi`,
+`min_share_change`): the first bounds the chance that a batch of the reference's own population fails at
+`alpha_fail` whatever its size; the second keeps a very large batch from failing on a difference too
+small to matter. The same with `alpha_warn` warns and lets the run go on. A column takes its worst
+test's status. A batch smaller than `min_rows` is refused; columns absent from either table are skipped,
+not failed, and listed.
 """
 
 from __future__ import annotations
@@ -28,26 +29,43 @@ import pandas as pd
 from pydantic import BaseModel, Field
 
 from fusion_model.checks import image_cells
-from fusion_model.dataset import DatasetSchema, resolve_schema, sort_classes, split_images
+from fusion_model.dataset import DatasetSchema, split_images
 from tasks._io.files import write_bytes, write_json, write_text
 from tasks.params import DriftGateParams as DriftThresholds  # params.yaml download.drift_gate
 from tasks.validate import drift_stats
+from tasks.validate.drift_stats import DriftColumns, ProblemType
 
 Status = Literal["ok", "warn", "fail"]
 _RANK: dict[str, int] = {"ok": 0, "warn": 1, "fail": 2}
 LENGTH_SUFFIX = "_length"
-MISSING_PHOTOS = "missing_photos"
+MISSING_IMAGES = "missing_images"
 MAX_CODES_IN_REASON = 5
 MAX_CODES_IN_TABLE = 20
 
 
+class DriftTest(BaseModel):
+    """One test of the gate: its p-value, Holm's adjusted one, and the effect it must also reach."""
+
+    test: str  # ks | chi2 | unseen_binomial | fisher
+    about: str  # what it compares, for people
+    statistic: float  # ks: D; chi2: chi-square; unseen_binomial and fisher: the batch rows counted
+    p_value: float
+    p_adjusted: float = 1.0  # Holm over every test of this gate run
+    effect: str  # psi | unseen_share_above_chance | rate_difference | max_share_difference
+    effect_size: float
+    min_effect: float
+    status: Status = "ok"
+
+
 class _Column(BaseModel):
-    status: Status
-    statistic: str  # the name of the gated figure
-    value: float  # the gated figure
-    warn: float
-    fail: float
+    status: Status = "ok"
+    tests: list[DriftTest]
     detail: str = ""  # one line for people: the figures behind the status
+
+    @property
+    def decisive(self) -> DriftTest:
+        """The test that gives the column its status (the smallest adjusted p-value among the worst)."""
+        return min(self.tests, key=lambda t: (-_RANK[t.status], t.p_adjusted))
 
 
 class NumericDrift(_Column, drift_stats.NumericFigures):
@@ -55,23 +73,20 @@ class NumericDrift(_Column, drift_stats.NumericFigures):
 
 
 class UnseenCode(BaseModel):
-    code: str
+    code: int | str
     rows: int
 
 
 class CategoricalDrift(_Column):
     kind: Literal["categorical"]
     psi: float
-    psi_status: Status
-    unseen_share: float
-    unseen_rows: int
-    unseen_status: Status
-    unseen_codes: list[UnseenCode]  # most frequent first
-    expected_unseen_share: float  # without drift, by chance (Good-Turing: reference codes seen only once)
-    gx_success: bool  # GX's verdict on ExpectColumnValuesToBeInSet(mostly=1 - unseen_fail)
     buckets: list[str]
     reference_shares: list[float]
     batch_shares: list[float]
+    unseen_share: float
+    unseen_rows: int
+    expected_unseen_share: float  # without drift, by chance (Good-Turing: reference codes seen only once)
+    unseen_codes: list[UnseenCode]  # most frequent first
 
 
 class ClassRate(BaseModel):
@@ -82,34 +97,37 @@ class ClassRate(BaseModel):
 
 class LabelDrift(_Column):
     kind: Literal["label"]
-    rates: dict[str, ClassRate]  # class (as text) -> rates
+    problem_type: ProblemType
+    rates: dict[str, ClassRate] = Field(default_factory=dict)  # class (as text) -> rates; not for regression
+    reference_mean: float | None = None  # regression
+    batch_mean: float | None = None
 
 
-class PhotoDrift(_Column):
-    kind: Literal["photos"]
-    reference_share: float
+class ImageDrift(_Column):
+    kind: Literal["images"]
+    reference_share: float  # rows without an image
     batch_share: float
-    reference_rows_without_photo: int
-    batch_rows_without_photo: int
+    reference_rows_without_image: int
+    batch_rows_without_image: int
 
 
-ColumnDrift = Annotated[NumericDrift | CategoricalDrift | LabelDrift | PhotoDrift, Field(discriminator="kind")]
+ColumnDrift = Annotated[NumericDrift | CategoricalDrift | LabelDrift | ImageDrift, Field(discriminator="kind")]
 
 
 class DriftReport(BaseModel):
     passed: bool  # no column failed and the batch was large enough
-    warned: bool  # some column is above its warn threshold
+    warned: bool  # some column warned
     drifted: list[str]  # columns with status fail
     warnings: list[str]  # columns with status warn
     reason: str  # why it failed / warned, or that it passed
     reference_rows: int
     batch_rows: int
-    label: str = ""
-    problem_type: str = "binary"
+    columns_by_role: DriftColumns = DriftColumns()
+    tests: int = 0  # how many tests Holm's correction ran over
     thresholds: DriftThresholds
     columns: dict[str, ColumnDrift] = Field(default_factory=dict)
     skipped: dict[str, str] = Field(default_factory=dict)  # column -> why it was not compared
-    batch: int | None = None  # which arriving batch this is; set by the caller (tasks/download/batches.py)
+    batch: int | None = None  # which arriving batch this is; set by the caller (tasks/intake)
 
 
 def _num(x: float) -> float:
@@ -121,13 +139,14 @@ def _nums(xs: list[float]) -> list[float]:
     return [_num(x) for x in xs]
 
 
-def _status(value: float, warn: float, fail: float) -> Status:
-    return "fail" if value > fail else "warn" if value > warn else "ok"
-
-
 def _absent(column: str, reference: pd.DataFrame, batch: pd.DataFrame) -> str | None:
     missing = [name for name, t in (("reference", reference), ("batch", batch)) if column not in t.columns]
     return f"column '{column}' absent from the {' and the '.join(missing)}" if missing else None
+
+
+def _test(test: str, about: str, statistic: float, p: float, effect: str, size: float, floor: float) -> DriftTest:
+    return DriftTest(test=test, about=about, statistic=_num(statistic), p_value=_num(p), effect=effect,
+                     effect_size=_num(size), min_effect=floor)
 
 
 def _numeric(kind: Literal["numeric", "text_length"], ref: np.ndarray, new: np.ndarray,
@@ -135,63 +154,77 @@ def _numeric(kind: Literal["numeric", "text_length"], ref: np.ndarray, new: np.n
     f = drift_stats.numeric_figures(ref, new)
     figures = {k: _nums(v) if isinstance(v, list) else _num(v) for k, v in f.model_dump().items()}
     return NumericDrift(
-        kind=kind, status=_status(f.psi, t.psi_warn, t.psi_fail), statistic="psi", value=figures["psi"],
-        warn=t.psi_warn, fail=t.psi_fail, **figures,
+        kind=kind, **figures,
+        tests=[_test("ks", "distribution", f.ks_statistic, f.ks_pvalue, "psi", f.psi, t.min_psi)],
         detail=f"mean {f.reference_mean:.3g} -> {f.batch_mean:.3g}, median {f.reference_median:.3g} -> "
-               f"{f.batch_median:.3g}; KS {f.ks_statistic:.3f} (p {f.ks_pvalue:.2g}, not gated)",
+               f"{f.batch_median:.3g}; KS {f.ks_statistic:.3f}; PSI {f.psi:.3f}",
     )
 
 
-def _categorical(ref: pd.Series, new: pd.Series, unseen: drift_stats.UnseenFigures,
-                 t: DriftThresholds) -> CategoricalDrift:
-    f = drift_stats.category_figures(ref, new)
-    psi_status = _status(f.psi, t.category_psi_warn, t.category_psi_fail)
-    unseen_status = _status(unseen.share, t.unseen_warn, t.unseen_fail)
-    by_psi = (_RANK[psi_status], f.psi / max(t.category_psi_fail, 1e-12))
-    by_unseen = (_RANK[unseen_status], unseen.share / max(t.unseen_fail, 1e-12))
-    if by_unseen >= by_psi:
-        statistic, value, warn, fail, status = "unseen_share", unseen.share, t.unseen_warn, t.unseen_fail, unseen_status
-    else:
-        statistic, value, warn, fail, status = "category_psi", f.psi, t.category_psi_warn, t.category_psi_fail, psi_status
+def _categorical(ref: pd.Series, new: pd.Series, t: DriftThresholds) -> CategoricalDrift:
+    unseen = drift_stats.unseen_figures(ref, new)
+    known = new[new.isin(ref.unique())]  # rows with unseen codes are the other test's
+    shares = drift_stats.share_figures(ref, known)
     codes = [UnseenCode(code=c, rows=n) for c, n in unseen.codes.items()]
-    chance = f" (~{f.expected_unseen_share:.1%} expected by chance)" if f.expected_unseen_share >= 0.001 else ""
+    excess = max(0.0, unseen.share - unseen.expected_share)
+    tests = [_test("unseen_binomial", "rows with a code the reference never had", unseen.rows, unseen.p_value,
+                   "unseen_share_above_chance", excess, t.min_share_change)]
+    if shares.dof:  # one bucket (a single code, or too few rows to split them): no shares to test
+        tests.insert(0, _test("chi2", f"shares of the known codes ({len(shares.buckets)} buckets)", shares.chi2,
+                              shares.p_value, "psi", shares.psi, t.min_psi))
     return CategoricalDrift(
-        kind="categorical", status=status, statistic=statistic, value=_num(value), warn=warn, fail=fail,
-        psi=_num(f.psi), psi_status=psi_status, unseen_share=_num(unseen.share), unseen_rows=unseen.rows,
-        unseen_status=unseen_status, unseen_codes=codes, expected_unseen_share=_num(f.expected_unseen_share), gx_success=unseen.gx_success, buckets=f.buckets,
-        reference_shares=_nums(f.reference_shares), batch_shares=_nums(f.batch_shares),
-        detail=f"unseen codes in {unseen.share:.1%} of rows{chance}; category PSI {f.psi:.3f}",
+        kind="categorical", psi=_num(shares.psi), buckets=shares.buckets,
+        reference_shares=_nums(shares.reference_shares), batch_shares=_nums(shares.batch_shares),
+        unseen_share=_num(unseen.share), unseen_rows=unseen.rows, expected_unseen_share=_num(unseen.expected_share),
+        unseen_codes=codes, tests=tests,
+        detail=f"unseen codes in {unseen.share:.1%} of rows (~{unseen.expected_share:.1%} by chance); "
+               + (f"shares of the known codes: PSI {shares.psi:.3f}" if shares.dof else
+                  f"shares not tested ({len(shares.buckets)} bucket at {len(known)} rows with known codes)"),
     )
 
 
-def _label(ref: pd.Series, new: pd.Series, problem_type: str, classes: list[int | str],
-           t: DriftThresholds) -> LabelDrift:
-    rates = drift_stats.label_rates(ref.dropna(), new.dropna(), classes)
-    table = {c: ClassRate(reference=_num(r), batch=_num(b), difference=_num(b - r)) for c, (r, b) in rates.items()}
-    positive = str(classes[-1]) if classes else None
-    if problem_type == "binary" and positive in rates:
-        statistic, (r, b) = "positive_rate_difference", rates[positive]
-        value, detail = abs(b - r), f"rate of class {positive}: {r:.1%} -> {b:.1%}"
+def _label(ref: pd.Series, new: pd.Series, problem_type: ProblemType, classes: tuple[int | str, ...],
+           t: DriftThresholds) -> LabelDrift | str:
+    """The label's drift, or why it cannot be tested (one class bucket at this batch size)."""
+    if problem_type == "regression":
+        f = drift_stats.numeric_figures(ref.to_numpy(dtype=float), new.to_numpy(dtype=float))
+        return LabelDrift(
+            kind="label", problem_type=problem_type, reference_mean=_num(f.reference_mean),
+            batch_mean=_num(f.batch_mean),
+            tests=[_test("ks", "distribution", f.ks_statistic, f.ks_pvalue, "psi", f.psi, t.min_psi)],
+            detail=f"mean {f.reference_mean:.3g} -> {f.batch_mean:.3g}; KS {f.ks_statistic:.3f}; PSI {f.psi:.3f}")
+    rates = drift_stats.class_rates(ref, new)
+    table = {str(c): ClassRate(reference=_num(r), batch=_num(b), difference=_num(b - r)) for c, (r, b) in rates.items()}
+    if problem_type == "binary":
+        # the positive class is the last of the classes (1 of 0/1)
+        positive = classes[-1] if classes else max(rates, key=lambda c: (isinstance(c, str), c))
+        f = drift_stats.rate_figures((ref.astype(str) == str(positive)).to_numpy(),
+                                     (new.astype(str) == str(positive)).to_numpy())
+        test = _test("fisher", f"rate of class {positive}", f.batch_rows, f.p_value, "rate_difference",
+                     abs(f.batch_share - f.reference_share), t.min_share_change)
+        detail = f"rate of class {positive}: {f.reference_share:.1%} -> {f.batch_share:.1%}"
     else:
-        statistic = "max_rate_difference"
+        f = drift_stats.share_figures(ref, new)
+        if not f.dof:
+            return f"one bucket of classes at {len(new)} batch rows: no class shares to compare"
         worst = max(rates, key=lambda c: abs(rates[c][1] - rates[c][0]))
-        r, b = rates[worst]
-        value, detail = abs(b - r), f"largest change: class {worst} {r:.1%} -> {b:.1%}"
-    return LabelDrift(kind="label", status=_status(value, t.label_rate_warn, t.label_rate_fail), statistic=statistic,
-                      value=_num(value), warn=t.label_rate_warn, fail=t.label_rate_fail, rates=table, detail=detail)
+        test = _test("chi2", f"shares of the classes ({len(f.buckets)} buckets)", f.chi2, f.p_value,
+                     "max_share_difference", abs(rates[worst][1] - rates[worst][0]), t.min_share_change)
+        detail = f"largest change: class {worst} {rates[worst][0]:.1%} -> {rates[worst][1]:.1%}"
+    return LabelDrift(kind="label", problem_type=problem_type, rates=table, tests=[test], detail=detail)
 
 
-def _photos(ref: pd.Series, new: pd.Series, t: DriftThresholds) -> PhotoDrift:
-    ref_missing = int(ref.map(lambda cell: not split_images(cell)).sum())
-    new_missing = int(new.map(lambda cell: not split_images(cell)).sum())
-    r, b = ref_missing / max(len(ref), 1), new_missing / max(len(new), 1)
-    value = abs(b - r)
-    return PhotoDrift(
-        kind="photos", status=_status(value, t.missing_photo_warn, t.missing_photo_fail),
-        statistic="missing_photo_difference", value=_num(value), warn=t.missing_photo_warn,
-        fail=t.missing_photo_fail, reference_share=_num(r), batch_share=_num(b),
-        reference_rows_without_photo=ref_missing, batch_rows_without_photo=new_missing,
-        detail=f"rows without a photo: {r:.1%} -> {b:.1%}",
+def _images(ref: pd.Series, new: pd.Series, t: DriftThresholds) -> ImageDrift:
+    def without(cells: pd.Series) -> np.ndarray:
+        return cells.map(lambda c: not split_images(c)).to_numpy(dtype=bool)
+
+    f = drift_stats.rate_figures(without(ref), without(new))
+    return ImageDrift(
+        kind="images", reference_share=_num(f.reference_share), batch_share=_num(f.batch_share),
+        reference_rows_without_image=f.reference_rows, batch_rows_without_image=f.batch_rows,
+        tests=[_test("fisher", "share of rows without an image", f.batch_rows, f.p_value, "rate_difference",
+                     abs(f.batch_share - f.reference_share), t.min_share_change)],
+        detail=f"rows without an image: {f.reference_share:.1%} -> {f.batch_share:.1%}",
     )
 
 
@@ -208,11 +241,13 @@ def _codes_text(codes: list[UnseenCode], limit: int) -> str:
     return text + (f" and {len(codes) - limit} more" if len(codes) > limit else "")
 
 
-def _explain(name: str, c: _Column, level: Literal["warn", "fail"]) -> str:
-    limit = c.fail if level == "fail" else c.warn
+def _explain(name: str, c: _Column, level: Literal["warn", "fail"], t: DriftThresholds) -> str:
+    d = c.decisive
+    alpha = t.alpha_fail if level == "fail" else t.alpha_warn
     codes = f"; unseen codes (rows): {_codes_text(c.unseen_codes, MAX_CODES_IN_REASON)}" \
-        if isinstance(c, CategoricalDrift) and c.unseen_codes else ""
-    return f"{name} ({c.statistic} {c.value:.3g} > {level} {limit:g}; {c.detail}{codes})"
+        if isinstance(c, CategoricalDrift) and c.unseen_codes and d.test == "unseen_binomial" else ""
+    return (f"{name} ({d.about}: {d.test} p {d.p_adjusted:.2g} after Holm <= {alpha:g}, {d.effect} "
+            f"{d.effect_size:.3g} >= {d.min_effect:g}; {c.detail}{codes})")
 
 
 def _thresholds(thresholds: DriftThresholds | BaseModel | Mapping[str, Any] | None) -> DriftThresholds:
@@ -232,32 +267,42 @@ def no_batch_report(thresholds: DriftThresholds | BaseModel | Mapping[str, Any] 
                        thresholds=_thresholds(thresholds))
 
 
-def drift_gate(reference: pd.DataFrame, batch: pd.DataFrame, thresholds: DriftThresholds,
-               schema: DatasetSchema | None = None, classes: list[int | str] | None = None) -> DriftReport:
-    """Compare `batch` with `reference` (typed tables of the validate stage) column by column, the columns
-    taken by role from `schema` (default: the PetFinder preset); `classes`: the label's classes
-    (classification; default: the values either table holds).
+def _judge(columns: Mapping[str, _Column], t: DriftThresholds) -> int:
+    """Holm over every test of every column, then each test's and each column's status; the test count."""
+    tests = [test for c in columns.values() for test in c.tests]
+    for test, adjusted in zip(tests, drift_stats.holm([x.p_value for x in tests]), strict=True):
+        test.p_adjusted = _num(adjusted)
+        big_enough = test.effect_size >= test.min_effect
+        test.status = "fail" if big_enough and adjusted <= t.alpha_fail else \
+            "warn" if big_enough and adjusted <= t.alpha_warn else "ok"
+    for c in columns.values():
+        c.status = c.decisive.status
+    return len(tests)
+
+
+def drift_gate(reference: pd.DataFrame, batch: pd.DataFrame, columns: DriftColumns | DatasetSchema,
+               thresholds: DriftThresholds | BaseModel | Mapping[str, Any] | None = None) -> DriftReport:
+    """Compare `batch` with `reference` over the columns named by role in `columns` (a dataset schema
+    is read as `DriftColumns.from_schema(schema)`).
 
     `thresholds` may also be any pydantic model or mapping with DriftThresholds' fields (it is re-read
     as DriftThresholds, so an unknown field is an error)."""
     t = _thresholds(thresholds)
-    schema = schema or resolve_schema({"preset": "petfinder"})
-    label, problem_type = schema.label.column, schema.label.problem_type
-    if classes is None and problem_type != "regression":
-        classes = sort_classes(pd.concat([reference.get(label, pd.Series(dtype=str)),
-                                          batch.get(label, pd.Series(dtype=str))]).astype(str))
-    report = DriftReport(passed=False, warned=False, drifted=[], warnings=[], reason="", label=label,
-                         reference_rows=len(reference), batch_rows=len(batch), problem_type=problem_type,
-                         thresholds=t)
+    if isinstance(columns, DatasetSchema):
+        columns = DriftColumns.from_schema(columns)
+    # an empty categorical cell is a missing value, not a code
+    reference = reference.replace({c: {"": np.nan} for c in columns.categorical if c in reference.columns})
+    batch = batch.replace({c: {"": np.nan} for c in columns.categorical if c in batch.columns})
+    report = DriftReport(passed=False, warned=False, drifted=[], warnings=[], reason="", reference_rows=len(reference),
+                         batch_rows=len(batch), columns_by_role=columns, thresholds=t)
     small = [f"the {name} has {len(table)} rows, fewer than min_rows={t.min_rows}"
              for name, table in (("batch", batch), ("reference", reference)) if len(table) < t.min_rows]
     if small:
         report.reason = "; ".join(small) + ": too few rows to judge drift; nothing was compared"
         return report
 
-    columns: dict[str, NumericDrift | CategoricalDrift | LabelDrift | PhotoDrift] = {}
-    numeric = list(schema.columns.numerical) + ([label] if problem_type == "regression" else [])
-    for col in numeric:
+    compared: dict[str, NumericDrift | CategoricalDrift | LabelDrift | ImageDrift] = {}
+    for col in columns.numeric:
         if why := _absent(col, reference, batch):
             report.skipped[col] = why
             continue
@@ -265,54 +310,54 @@ def drift_gate(reference: pd.DataFrame, batch: pd.DataFrame, thresholds: DriftTh
         if ref.size == 0 or new.size == 0:
             report.skipped[col] = f"column '{col}' has no numbers in the {'reference' if ref.size == 0 else 'batch'}"
             continue
-        columns[col] = _numeric("numeric", ref, new, t)
-    for col in schema.columns.text:
+        compared[col] = _numeric("numeric", ref, new, t)
+    for col in columns.text_length:
         if why := _absent(col, reference, batch):
             report.skipped[col + LENGTH_SUFFIX] = why
             continue
-        columns[col + LENGTH_SUFFIX] = _numeric("text_length", _text_lengths(reference[col]),
-                                                _text_lengths(batch[col]), t)
-
-    # an empty categorical cell is a missing value, not a code
-    reference = reference.replace({c: {"": np.nan} for c in schema.columns.categorical if c in reference.columns})
-    batch = batch.replace({c: {"": np.nan} for c in schema.columns.categorical if c in batch.columns})
-    categorical = []
-    for col in schema.columns.categorical:
+        compared[col + LENGTH_SUFFIX] = _numeric("text_length", _text_lengths(reference[col]),
+                                                 _text_lengths(batch[col]), t)
+    for col in columns.categorical:
         if why := _absent(col, reference, batch):
             report.skipped[col] = why
-        elif reference[col].notna().sum() == 0:
-            report.skipped[col] = f"column '{col}' has no codes in the reference"
+        elif reference[col].notna().sum() == 0 or batch[col].notna().sum() == 0:
+            report.skipped[col] = f"column '{col}' has no codes in the {'reference' if reference[col].notna().sum() == 0 else 'batch'}"
         else:
-            categorical.append(col)
-    unseen = drift_stats.unseen_codes(reference, batch, categorical, mostly=1 - t.unseen_fail)
-    for col in categorical:
-        columns[col] = _categorical(reference[col].dropna(), batch[col].dropna(), unseen[col], t)
+            compared[col] = _categorical(reference[col].dropna(), batch[col].dropna(), t)
+    if columns.label is not None:
+        col = columns.label
+        if why := _absent(col, reference, batch):
+            report.skipped[col] = why
+        elif reference[col].notna().sum() == 0 or batch[col].notna().sum() == 0:
+            report.skipped[col] = f"column '{col}' has no labels in the {'reference' if reference[col].notna().sum() == 0 else 'batch'}"
+        else:
+            label = _label(reference[col].dropna(), batch[col].dropna(), columns.problem_type, columns.classes, t)
+            if isinstance(label, str):
+                report.skipped[col] = label
+            else:
+                compared[col] = label
+    if columns.images:
+        if why := _absent(columns.images[0], reference, batch):
+            report.skipped[MISSING_IMAGES] = why
+        else:
+            compared[MISSING_IMAGES] = _images(image_cells(reference, columns.images),
+                                               image_cells(batch, columns.images), t)
 
-    if problem_type != "regression":
-        if why := _absent(label, reference, batch):
-            report.skipped[label] = why
-        else:
-            columns[label] = _label(reference[label], batch[label], problem_type, list(classes or []), t)
-    if schema.columns.image:
-        if why := _absent(schema.columns.image[0], reference, batch):
-            report.skipped[MISSING_PHOTOS] = why
-        else:
-            columns[MISSING_PHOTOS] = _photos(image_cells(reference, schema.columns.image),
-                                              image_cells(batch, schema.columns.image), t)
-
-    report.columns = dict(columns)
-    report.drifted = [n for n, c in columns.items() if c.status == "fail"]
-    report.warnings = [n for n, c in columns.items() if c.status == "warn"]
+    report.tests = _judge(compared, t)
+    report.columns = dict(compared)
+    report.drifted = [n for n, c in compared.items() if c.status == "fail"]
+    report.warnings = [n for n, c in compared.items() if c.status == "warn"]
     report.passed, report.warned = not report.drifted, bool(report.warnings)
     parts = []
     if report.drifted:
         parts.append(f"drift in {len(report.drifted)} column(s): "
-                     + "; ".join(_explain(n, columns[n], "fail") for n in report.drifted))
+                     + "; ".join(_explain(n, compared[n], "fail", t) for n in report.drifted))
     if report.warnings:
         parts.append(f"warning for {len(report.warnings)} column(s): "
-                     + "; ".join(_explain(n, columns[n], "warn") for n in report.warnings))
+                     + "; ".join(_explain(n, compared[n], "warn", t) for n in report.warnings))
     if not parts:
-        parts.append(f"all {len(columns)} compared columns within their warn thresholds")
+        parts.append(f"all {len(compared)} compared columns look like the reference's population "
+                     f"({report.tests} tests, Holm-adjusted p > {t.alpha_warn:g} or effect below its floor)")
     if report.skipped:
         parts.append(f"skipped: {', '.join(report.skipped)}")
     report.reason = ". ".join(parts)
@@ -321,7 +366,7 @@ def drift_gate(reference: pd.DataFrame, batch: pd.DataFrame, thresholds: DriftTh
 
 _STATUS_TEXT = {"ok": "ok", "warn": "**warn**", "fail": "**FAIL**"}
 _COLOURS = {"ok": "#2e7d32", "warn": "#f9a825", "fail": "#c62828"}
-PLOT_RATIO_CAP = 4.0  # bars beyond 4x their fail threshold are drawn at 4x, with their value written
+PLOT_LOG_CAP = 12.0  # bars beyond -log10(p) = 12 are drawn at 12, with their value written
 
 
 def _title(report: DriftReport) -> str:
@@ -329,17 +374,22 @@ def _title(report: DriftReport) -> str:
 
 
 def render_drift_markdown(report: DriftReport) -> str:
-    """The report for people (also the Prefect artifact): verdict, reason, one table row per column."""
+    """The report for people (also the Prefect artifact): verdict, reason, one table row per test."""
+    t = report.thresholds
     lines = [f"# Drift gate: {_title(report)}", "", report.reason, "",
-             f"Reference {report.reference_rows} rows, batch {report.batch_rows} rows, label `{report.label}` "
-             f"({report.problem_type}). A figure strictly above its threshold warns / fails.", ""]
+             f"Reference {report.reference_rows} rows, batch {report.batch_rows} rows. A test fails when its "
+             f"p-value after Holm's correction over all {report.tests} tests is <= {t.alpha_fail:g} (warns: "
+             f"<= {t.alpha_warn:g}) and its effect reaches the floor shown: a batch of the reference's own "
+             f"population fails with probability <= {t.alpha_fail:g}, whatever its size.", ""]
     if report.columns:
-        lines += ["| column | kind | statistic | value | warn | fail | status | unseen codes (rows) | figures |",
-                  "|---|---|---|---:|---:|---:|---|---|---|"]
+        lines += ["| column | kind | test | p (Holm) | effect | floor | status | unseen codes (rows) | figures |",
+                  "|---|---|---|---:|---|---:|---|---|---|"]
         for name, c in report.columns.items():
             codes = _codes_text(c.unseen_codes, MAX_CODES_IN_TABLE) if isinstance(c, CategoricalDrift) else ""
-            lines.append(f"| {name} | {c.kind} | {c.statistic} | {c.value:.4g} | {c.warn:g} | {c.fail:g} | "
-                         f"{_STATUS_TEXT[c.status]} | {codes} | {c.detail} |")
+            for i, x in enumerate(c.tests):
+                lines.append(f"| {name} | {c.kind} | {x.test}: {x.about} | {x.p_adjusted:.3g} | {x.effect} "
+                             f"{x.effect_size:.3g} | {x.min_effect:g} | {_STATUS_TEXT[x.status]} | "
+                             f"{codes if x.test == 'unseen_binomial' else ''} | {c.detail if i == 0 else ''} |")
         lines.append("")
     if report.skipped:
         lines += ["Skipped (not compared, not failed):", ""]
@@ -349,14 +399,14 @@ def render_drift_markdown(report: DriftReport) -> str:
 
 
 def render_drift_png(report: DriftReport) -> bytes:
-    """One horizontal bar per column: its gated value / its fail threshold, coloured by status, with a
-    tick at its warn ratio and the fail line at 1 (matplotlib's Agg canvas, no pyplot, no display)."""
+    """One horizontal bar per column: -log10 of its decisive test's Holm-adjusted p-value, coloured by
+    status, with the warn and fail levels as lines (matplotlib's Agg canvas, no pyplot, no display)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    t = report.thresholds
     names = list(report.columns)[::-1]  # first column at the top
-    ratios = [report.columns[n].value / report.columns[n].fail if report.columns[n].fail > 0 else
-              (0.0 if report.columns[n].value == 0 else PLOT_RATIO_CAP) for n in names]
+    heights = [-np.log10(max(report.columns[n].decisive.p_adjusted, 1e-300)) for n in names]
     fig = Figure(figsize=(8, 1.6 + 0.32 * max(len(names), 1)), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
@@ -365,19 +415,18 @@ def render_drift_png(report: DriftReport) -> bytes:
         ax.set_axis_off()
     else:
         y = np.arange(len(names))
-        ax.barh(y, [min(r, PLOT_RATIO_CAP) for r in ratios], color=[_COLOURS[report.columns[n].status] for n in names])
+        ax.barh(y, [min(h, PLOT_LOG_CAP) for h in heights],
+                color=[_COLOURS[report.columns[n].status] for n in names])
         for i, n in enumerate(names):
-            c = report.columns[n]
-            if c.fail > 0:
-                ax.plot([c.warn / c.fail] * 2, [i - 0.4, i + 0.4], color="#555555", lw=1.5)
-            cut = f" ({ratios[i]:.1f}x, bar cut)" if ratios[i] > PLOT_RATIO_CAP else ""
-            ax.text(min(ratios[i], PLOT_RATIO_CAP) + 0.03, i, f"{c.statistic} {c.value:.3g}{cut}", va="center",
-                    fontsize=7)
-        ax.axvline(1.0, color=_COLOURS["fail"], ls="--", lw=1.2, label="fail threshold")
-        ax.plot([], [], color="#555555", lw=1.5, label="warn threshold")
+            d = report.columns[n].decisive
+            cut = " (cut)" if heights[i] > PLOT_LOG_CAP else ""
+            ax.text(min(heights[i], PLOT_LOG_CAP) + 0.1, i, f"p {d.p_adjusted:.2g}{cut}, {d.effect} {d.effect_size:.3g}",
+                    va="center", fontsize=7)
+        ax.axvline(-np.log10(t.alpha_fail), color=_COLOURS["fail"], ls="--", lw=1.2, label=f"fail: p <= {t.alpha_fail:g}")
+        ax.axvline(-np.log10(t.alpha_warn), color="#555555", ls=":", lw=1.2, label=f"warn: p <= {t.alpha_warn:g}")
         ax.set_yticks(y, names, fontsize=8)
-        ax.set_xlim(0, max(1.25, min(max(ratios), PLOT_RATIO_CAP) * 1.4))  # room for the labels
-        ax.set_xlabel("gated value / fail threshold")
+        ax.set_xlim(0, max(3.0, min(max(heights), PLOT_LOG_CAP)) * 1.8)  # room for the labels
+        ax.set_xlabel("-log10 p after Holm (the decisive test of each column; a fail also needs its effect floor)")
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.6 / (1.6 + 0.32 * len(names))), ncols=2, fontsize=7)
     ax.set_title(f"Drift gate: {_title(report)} ({report.batch_rows} batch rows vs {report.reference_rows})")
     fig.tight_layout()

@@ -1,26 +1,102 @@
-"""The measurements behind the drift gate (`tasks/validate/drift.py`): PSI, KS, category shares, and the
-Great Expectations run that finds codes a batch has and its reference never had.
+"""The statistics of the drift gate (`tasks/validate/drift.py`, also behind `python -m tasks drift`): for
+each column of a batch against its reference, a two-sample test whose p-value accounts for how many rows
+the batch has, an effect size a person can read, and Holm's correction over every test of one gate run.
 
-Pure functions of arrays and frames returning plain numbers; the gate turns them into statuses.
+Why tests with p-values, and not PSI against fixed thresholds: a batch of the reference's own population
+has a PSI, an unseen-code share and a label-rate difference that shrink only as its rows grow, so a fixed
+threshold fails healthy small batches and judges large ones too leniently (BENCHMARKS.md). A test's p-value already is "how often would a batch of this size, drawn
+from the reference's population, look at least this different"; Holm's step-down correction over all
+the gate's tests makes the chance that a same-population batch fails ANY of them at most `alpha`, with no
+assumption about how the columns depend on each other. Permutation or bootstrap thresholds would give
+the same calibration at ~1,000 times the cost per batch; PSI against its chance level would need that
+chance level simulated per column and size. Measured on real rows: BENCHMARKS.md, "Drift gate".
+
+The tests, per role (columns come by role in `DriftColumns`, taken from the dataset schema):
+- numeric columns, text lengths, a regression label: two-sample Kolmogorov-Smirnov (scipy); with ties
+  (codes like Quantity, VideoAmt) its p-value is conservative. Effect: PSI over the reference's deciles.
+- categorical columns, two tests: (1) the shares of the codes the reference has, chi-square of
+  homogeneity over the codes the batch expects at least MIN_EXPECTED rows of, the rest pooled (Cochran's
+  rule, so the chi-square approximation holds at small batch sizes); effect: PSI over those buckets.
+  (2) codes the reference never had: the number of such rows against a binomial whose rate is
+  Good-Turing's estimate of the reference's missing mass, (singletons + 1) / (rows + 1) (rare-code columns
+  such as a secondary breed carry new codes by chance; a column without rare codes almost never does); effect: the
+  batch's share of such rows above that rate.
+- a binary label and the share of rows without an image: Fisher's exact test on the 2 x 2 table; effect:
+  the difference of the rates. A multiclass or ordinal label: chi-square over its classes (as (1));
+  effect: the largest change of a class's share.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Literal
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, model_validator
 from scipy import stats
+
+from fusion_model.dataset import DatasetSchema
+
+ProblemType = Literal["binary", "multiclass", "ordinal", "regression"]
 
 PSI_BINS = 10
 # Floor for a bin's share before the log: an empty bin counts as holding 1 row in 10,000.
 PSI_EPSILON = 1e-4
-# A category is bucketed on its own when it holds at least this share of the reference rows.
-FREQUENT_CATEGORY_SHARE = 0.01
+# Cochran's rule for the chi-square approximation: every bucket expects at least 5 batch rows.
+MIN_EXPECTED = 5
 OTHER = "other"
+
+
+class DriftColumns(BaseModel):
+    """The columns the gate compares, by role; `from_schema` takes them from a dataset schema."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    numeric: tuple[str, ...] = ()
+    categorical: tuple[str, ...] = ()
+    text_length: tuple[str, ...] = ()  # text columns whose length (characters) is compared
+    label: str | None = None
+    problem_type: ProblemType = "binary"
+    classes: tuple[int | str, ...] = ()  # the label's classes in order (binary: the positive class last)
+    images: tuple[str, ...] = ()  # image path columns; the share of rows without any image is compared
+
+    @classmethod
+    def from_schema(cls, schema: DatasetSchema, classes: Sequence[int | str] | None = None) -> DriftColumns:
+        """The schema's numerical, categorical, text (as lengths) and image columns, its label and problem
+        type; `classes`: the label's classes as the validated tables hold them (default: the schema's)."""
+        label = schema.label
+        return cls(numeric=tuple(schema.columns.numerical), categorical=tuple(schema.columns.categorical),
+                   text_length=tuple(schema.columns.text), label=label.column, problem_type=label.problem_type,
+                   classes=tuple(classes if classes is not None else (label.classes or ())),
+                   images=tuple(schema.columns.image))
+
+    @model_validator(mode="after")
+    def _each_column_once(self) -> DriftColumns:
+        named = self.names
+        twice = sorted({c for c in named if named.count(c) > 1})
+        if twice:
+            raise ValueError(f"columns named in more than one role: {', '.join(twice)}; give each one role")
+        return self
+
+    @property
+    def names(self) -> list[str]:
+        """Every column named, in role order."""
+        return [*self.numeric, *self.categorical, *self.text_length, *([self.label] if self.label else []),
+                *self.images]
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values: rejecting where adjusted <= alpha keeps the chance of any false
+    rejection at most alpha. Hand-written (six lines): scipy has only Benjamini-Hochberg, and statsmodels
+    is not a dependency."""
+    p = np.asarray(p_values, dtype=float)
+    adjusted, running = np.empty_like(p), 0.0
+    for rank, i in enumerate(np.argsort(p, kind="stable")):
+        running = max(running, min(1.0, (len(p) - rank) * p[i]))
+        adjusted[i] = running
+    return adjusted.tolist()
 
 
 def psi(reference_shares: np.ndarray, batch_shares: np.ndarray, epsilon: float = PSI_EPSILON) -> float:
@@ -72,7 +148,7 @@ class NumericFigures(BaseModel):
 
 
 def numeric_figures(reference: np.ndarray, batch: np.ndarray) -> NumericFigures:
-    """PSI over the reference's decile buckets (gated) and the two-sample KS test (reported)."""
+    """The two-sample KS test (gated) and the PSI over the reference's decile buckets (its effect size)."""
     edges = quantile_edges(reference)
     r, b = bucket_shares(reference, edges), bucket_shares(batch, edges)
     ks = stats.ks_2samp(reference, batch)
@@ -85,83 +161,95 @@ def numeric_figures(reference: np.ndarray, batch: np.ndarray) -> NumericFigures:
 
 
 @dataclass
-class CategoryFigures:
-    psi: float
-    buckets: list[str]  # the frequent codes as text, then OTHER
+class ShareFigures:
+    """Chi-square of homogeneity of the code shares, reference against batch, over pooled buckets."""
+
+    buckets: list[str]  # codes as text (most frequent first), then OTHER when some were pooled
     reference_shares: list[float]
     batch_shares: list[float]
-    # Good-Turing: the share of reference rows whose code occurs once estimates the share of new rows of
-    # the same distribution carrying a code the reference lacks (Breed2, ~300 rare codes: ~3%).
-    expected_unseen_share: float
+    chi2: float
+    dof: int
+    p_value: float
+    psi: float
+    rows: int  # batch rows compared (those whose code the reference has, for a categorical column)
+    largest_change: float  # the largest |batch share - reference share| over the buckets
 
 
-def category_figures(reference: pd.Series, batch: pd.Series) -> CategoryFigures:
-    """PSI over the reference's frequent codes (>= 1% of its rows) plus one bucket for every other code,
-    codes the reference never had included."""
-    ref_counts = reference.value_counts()
-    ref_shares = ref_counts / max(int(ref_counts.sum()), 1)
-    frequent = sorted(ref_shares[ref_shares >= FREQUENT_CATEGORY_SHARE].index.tolist())
-    batch_shares = batch.value_counts(normalize=True)
-    r = [float(ref_shares.get(c, 0.0)) for c in frequent]
-    b = [float(batch_shares.get(c, 0.0)) for c in frequent]
-    r.append(max(0.0, 1.0 - sum(r)))
-    b.append(max(0.0, 1.0 - sum(b)))
-    return CategoryFigures(
-        psi=psi(np.array(r), np.array(b)), buckets=[str(c) for c in frequent] + [OTHER],
-        reference_shares=r, batch_shares=b,
-        expected_unseen_share=float((ref_counts == 1).sum() / max(int(ref_counts.sum()), 1)),
+def share_figures(reference: pd.Series, batch: pd.Series, min_expected: int = MIN_EXPECTED) -> ShareFigures:
+    """Codes the batch expects >= `min_expected` rows of get a bucket each, the others share OTHER; OTHER
+    itself must expect as many, else the rarest bucket joins it. Fewer than two buckets: nothing to test
+    at this batch size (p 1)."""
+    ref_counts, new_counts = reference.value_counts().to_dict(), batch.value_counts().to_dict()
+    n_ref, n = sum(ref_counts.values()), sum(new_counts.values())
+    codes = list(dict.fromkeys([*ref_counts, *new_counts]))  # most frequent in the reference first
+    expected = {c: ref_counts.get(c, 0) / max(n_ref, 1) * n for c in codes}
+    own = [c for c in codes if expected[c] >= min_expected]
+    pooled = [c for c in codes if c not in own]
+    while own and pooled and sum(expected[c] for c in pooled) < min_expected:
+        pooled.append(own.pop())  # the least frequent of the buckets left
+    groups = [[c] for c in own] + ([pooled] if pooled else [])
+    ref_table = np.array([sum(ref_counts.get(c, 0) for c in g) for g in groups], dtype=float)
+    new_table = np.array([sum(new_counts.get(c, 0) for c in g) for g in groups], dtype=float)
+    r, b = ref_table / max(n_ref, 1), new_table / max(n, 1)
+    chi2, dof, p = 0.0, 0, 1.0
+    if len(groups) >= 2 and n > 0 and n_ref > 0:
+        result = stats.chi2_contingency(np.vstack([ref_table, new_table]), correction=False)
+        chi2, dof, p = float(result.statistic), int(result.dof), float(result.pvalue)
+    compared = bool(groups) and n > 0 and n_ref > 0  # else there are no shares to compare
+    return ShareFigures(
+        buckets=[str(c) for c in own] + ([OTHER] if pooled else []), reference_shares=r.tolist(),
+        batch_shares=b.tolist(), chi2=chi2, dof=dof, p_value=p, psi=psi(r, b) if compared else 0.0, rows=n,
+        largest_change=float(np.max(np.abs(b - r))) if compared else 0.0,
     )
 
 
 @dataclass
 class UnseenFigures:
-    share: float  # of the batch's rows (GX unexpected_percent / 100)
-    rows: int
-    codes: dict[str, int] = field(default_factory=dict)  # code -> rows, most frequent first
-    gx_success: bool = True
+    rows: int  # batch rows whose code the reference never had
+    share: float  # of the batch's rows
+    expected_share: float  # by chance: Good-Turing's missing mass of the reference, (singletons + 1) / (rows + 1)
+    p_value: float  # binomial: this many such rows or more, at the expected share
+    codes: dict[int | str, int] = field(default_factory=dict)  # code -> rows, most frequent first
 
 
-def unseen_codes(reference: pd.DataFrame, batch: pd.DataFrame, columns: list[str],
-                 mostly: float) -> dict[str, UnseenFigures]:
-    """For each column, the batch rows whose code never occurs in the reference: one GX 1.x run of
-    `ExpectColumnValuesToBeInSet(value_set=<reference codes>, mostly=...)` over all columns."""
-    if not columns:
-        return {}
-    import great_expectations as gx
-    import great_expectations.expectations as gxe
-    from great_expectations.data_context.types.base import ProgressBarsConfig
-
-    context = gx.get_context(mode="ephemeral")  # in memory: nothing on disk, no names to collide with
-    context.variables.progress_bars = ProgressBarsConfig(globally=False)
-    suite = context.suites.add(gx.ExpectationSuite(name="drift-unseen-codes", expectations=[
-        gxe.ExpectColumnValuesToBeInSet(column=c, value_set=sorted(pd.unique(reference[c].dropna()).tolist()),
-                                        mostly=mostly)
-        for c in columns
-    ]))
-    data = (context.data_sources.add_pandas("drift").add_dataframe_asset("batch")
-            .add_batch_definition_whole_dataframe("whole"))
-    definition = context.validation_definitions.add(gx.ValidationDefinition(name="drift", data=data, suite=suite))
-    # COMPLETE: the whole unexpected_list, so every unseen code is listed with its exact row count.
-    result = definition.run(batch_parameters={"dataframe": batch[columns].reset_index(drop=True)},
-                            result_format={"result_format": "COMPLETE"})
-    out: dict[str, UnseenFigures] = {}
-    for r in result.results:
-        d: dict[str, Any] = r.to_json_dict()
-        if d.get("exception_info", {}).get("raised_exception"):
-            raise RuntimeError(f"GX failed on {d['expectation_config']['kwargs']['column']}: "
-                               f"{d['exception_info'].get('exception_message')}")
-        res = d["result"]
-        counts = Counter(str(v) for v in res.get("unexpected_list") or res.get("partial_unexpected_list") or [])
-        out[d["expectation_config"]["kwargs"]["column"]] = UnseenFigures(
-            share=float(res.get("unexpected_percent") or 0.0) / 100, rows=int(res.get("unexpected_count") or 0),
-            codes=dict(counts.most_common()), gx_success=bool(d["success"]),
-        )
-    return out
+def _code(value: object) -> int | str:
+    return int(value) if isinstance(value, (int, np.integer)) or (isinstance(value, float) and value.is_integer()) \
+        else str(value)
 
 
-def label_rates(reference: pd.Series, batch: pd.Series, classes: list[int | str]) -> dict[str, tuple[float, float]]:
-    """class (as text) -> (share in reference, share in batch), over the classes and any class either table has."""
-    ref, new = reference.astype(str), batch.astype(str)
-    seen = list(dict.fromkeys([*map(str, classes), *sorted(set(ref) | set(new))]))
-    r, b = ref.value_counts(normalize=True), new.value_counts(normalize=True)
-    return {c: (float(r.get(c, 0.0)), float(b.get(c, 0.0))) for c in seen}
+def unseen_figures(reference: pd.Series, batch: pd.Series) -> UnseenFigures:
+    """The batch rows with a code the reference never had, against the share expected by chance."""
+    ref_counts = reference.value_counts()
+    expected = (int((ref_counts == 1).sum()) + 1) / (len(reference) + 1)
+    unseen = batch[~batch.isin(ref_counts.index)]
+    k, n = len(unseen), len(batch)
+    p = float(stats.binomtest(k, n, expected, alternative="greater").pvalue) if n else 1.0
+    return UnseenFigures(rows=k, share=k / max(n, 1), expected_share=expected, p_value=p,
+                         codes={_code(c): int(m) for c, m in unseen.value_counts().items()})
+
+
+@dataclass
+class RateFigures:
+    """Fisher's exact test of one share (a binary label's positive rate, rows without an image)."""
+
+    reference_rows: int  # rows with the property, in the reference
+    batch_rows: int
+    reference_share: float
+    batch_share: float
+    p_value: float
+
+
+def rate_figures(reference: np.ndarray, batch: np.ndarray) -> RateFigures:
+    """`reference` and `batch` are booleans: does the row have the property."""
+    r, b = int(np.sum(reference)), int(np.sum(batch))
+    n_ref, n = len(reference), len(batch)
+    result = stats.fisher_exact([[r, n_ref - r], [b, n - b]])
+    return RateFigures(reference_rows=r, batch_rows=b, reference_share=r / max(n_ref, 1),
+                       batch_share=b / max(n, 1), p_value=float(result.pvalue))
+
+
+def class_rates(reference: pd.Series, batch: pd.Series) -> dict[int | str, tuple[float, float]]:
+    """class -> (share in reference, share in batch), over every class either table has."""
+    r, b = reference.value_counts(normalize=True), batch.value_counts(normalize=True)
+    classes = sorted(set(r.index) | set(b.index), key=lambda c: (isinstance(c, str), c))
+    return {_code(c): (float(r.get(c, 0.0)), float(b.get(c, 0.0))) for c in classes}

@@ -10,6 +10,7 @@ import html
 import json
 from typing import Any, Literal
 
+import numpy as np
 import pandas as pd
 from pydantic import BaseModel, Field
 
@@ -84,6 +85,8 @@ class ValidationReport(BaseModel):
 
 # ----------------------------------------------------------------------------------- from GX results
 def _cell(value: Any, limit: int = _MAX_CELL) -> Any:
+    if isinstance(value, np.generic):  # a numpy scalar (a row id GX hands back): a plain Python value for JSON
+        value = value.item()
     if isinstance(value, str) and len(value) > limit:
         return value[: limit - 3] + "..."
     if isinstance(value, float) and pd.isna(value):

@@ -61,7 +61,7 @@ TABLES: tuple[tuple[str, str], ...] = (("train", "train.csv"), ("test", "test.cs
 # Tables that must hold every class (a model cannot learn a class it never sees): the training rows, and
 # an arriving batch, which joins them.
 TRAINING_TABLES = frozenset({"train", "batch"})
-HOLDOUT_DIR = "holdout"  # per-batch holdouts of arriving data: holdout/batch-<N>.csv (tasks/download/batches.py)
+HOLDOUT_DIR = "holdout"  # per-batch holdouts of arriving data: holdout/batch-<N>.csv (tasks/intake)
 REPORT_FILES = ("validation.json", "validation.md", "validation.html")
 
 

@@ -90,6 +90,14 @@ def _without_feed(dumped: dict[str, Any]) -> dict[str, Any]:
     return dumped
 
 
+def _batches(params: Params) -> list[dict[str, Any]]:
+    """Every arriving batch seen (the intake ledger): what the accumulated data holds, by content sha256, and
+    what was quarantined, rejected or readmitted (with the checks a review overrode)."""
+    from tasks.intake.ledger import read_ledger
+
+    return [b.model_dump(mode="json") for b in read_ledger(params.download.feed.ledger).batches]
+
+
 def overridden_keys(params_file: Path, effective: Params) -> list[str]:
     """The dotted params.yaml keys whose value this run changed."""
     changed: list[str] = []
@@ -212,6 +220,7 @@ def version(
             "overridden": overridden,
             "params": used,  # what this run used: params.yaml as committed, with its overrides applied
             "metrics": metrics,
+            "batches": _batches(effective or load_params(params.params_file)),
             **(extra or {}),
         },
     )
