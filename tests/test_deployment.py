@@ -192,7 +192,8 @@ def test_an_override_stays_in_its_run_and_the_next_plain_run_uses_params_yaml(so
 
 
 def test_a_refused_dataset_and_a_killed_run_leave_the_champion_and_the_checkpoints(soak: Soak) -> None:
-    assert soak.stack.task_states(soak.runs["refused"]["id"]) == {"download": "COMPLETED", "validate": "FAILED"}
+    assert soak.stack.task_states(soak.runs["refused"]["id"]) == {"download": "COMPLETED", "intake": "COMPLETED",
+                                                                       "validate": "FAILED"}
     after = soak.champion_after
     assert after["refused"] == after["killed"] == after["worse"] == after["plain"]
     assert not _mentioning(str(soak.workspace / "data" / ".checkpoints.staging"))  # no orphaned rank
