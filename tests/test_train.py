@@ -374,3 +374,18 @@ def test_a_cancelled_caller_takes_its_ranks_down(data_dir: Path, tmp_path: Path)
     assert caller.returncode != 0
     assert "stopping the training processes" in stderr
     assert _processes_mentioning(str(staging)) == []
+
+
+def test_one_node_keeps_gloo_and_nccl_sockets_on_loopback_unless_told_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On one machine the ranks' own sockets (gloo's, and NCCL's bootstrap on CUDA) bind to loopback; an
+    interface the user exported is kept, and a real master address leaves the choice to them."""
+    from tasks.train.stage import _environment
+
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
+    env = _environment(TrainConfig(), port=29500)
+    assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "lo"
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "ib0")
+    assert _environment(TrainConfig(), port=29500)["NCCL_SOCKET_IFNAME"] == "ib0"
+    monkeypatch.delenv("NCCL_SOCKET_IFNAME")
+    assert "NCCL_SOCKET_IFNAME" not in _environment(TrainConfig(master_addr="198.18.0.2", num_nodes=2), port=29500)

@@ -184,9 +184,10 @@ def _environment(p: TrainConfig, port: int) -> dict[str, str]:
     if p.strategy == "ddp_spawn":
         env.update({"MASTER_ADDR": p.master_addr, "MASTER_PORT": str(port)})
     if _is_loopback(p.master_addr):
-        # gloo listens on the address of the interface it is given (else of the host name): one node on
-        # loopback keeps every rank-to-rank socket there too
+        # gloo and NCCL's bootstrap listen on the address of the interface they are given (else of the host
+        # name or the first interface up): one node on loopback keeps every rank-to-rank socket there too
         env.setdefault("GLOO_SOCKET_IFNAME", LOOPBACK_INTERFACE)
+        env.setdefault("NCCL_SOCKET_IFNAME", LOOPBACK_INTERFACE)
     return env
 
 
