@@ -256,8 +256,8 @@ def test_version_commits_pushes_and_writes_a_run_manifest(project: dict) -> None
     assert manifest["overridden"] == [] and manifest["dvc"]["uncommitted_stages"] == []
     assert manifest["metrics"]["data/eval/metrics.json"]["primary_metric"]["name"] == "roc_auc"
     # data, model and metrics reached the remote; the optimizer shards did not (version.push_checkpoints)
-    assert manifest["dvc"]["pushed_stages"] == ["download", "validate", "convert", "evaluate"]
-    pushed = dvc(root, "status", "--cloud", "download", "validate", "convert", "evaluate").stdout.strip()
+    assert manifest["dvc"]["pushed_stages"] == ["download", "intake", "validate", "convert", "evaluate"]
+    pushed = dvc(root, "status", "--cloud", "download", "intake", "validate", "convert", "evaluate").stdout.strip()
     assert pushed == "Cache and remote 'storage' are in sync."
     assert "data/checkpoints/best.ckpt" in dvc(root, "status", "--cloud", "train").stdout
 
