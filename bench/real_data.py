@@ -77,7 +77,7 @@ def overrides(work: Path, spec: dict[str, Any], train: dict[str, Any] | None = N
     return {
         "dataset": spec["dataset"],
         "download": {"source": "local", "out_dir": str(work / "raw"), "report_dir": str(work / "reports"),
-                     "local": spec["local"]},
+                     "local": spec["local"], "feed": {"ledger": str(work / "intake/batches.json")}},
         "validate": {"dataset_dir": str(work / "raw/dataset"), "out_dir": str(work / "validated"),
                      "report_dir": str(work / "reports")},
         "train": {"data_dir": str(work / "validated"), "out_dir": str(work / "checkpoints"),
