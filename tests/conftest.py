@@ -17,6 +17,29 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".torch_ext"))
 
+# scripts/test.sh runs the suite on two xdist workers with `--dist loadgroup`: each test file is one group,
+# and the files that share an expensive session fixture are one group, so the fixture is built once.
+SHARED_FIXTURE_GROUPS = {
+    "test_dvc": "pipeline_project", "test_deployment": "pipeline_project",
+    "test_evaluate": "tiny_model_chain", "test_predict": "tiny_model_chain", "test_promote": "tiny_model_chain",
+}
+# The longest groups first (their times: BENCHMARKS.md, "Install and test suite"), so both workers end together.
+LONGEST_FIRST = ["pipeline_project", "test_multihost", "test_nightly", "test_real_datasets", "test_convert",
+                 "test_train", "tiny_model_chain"]
+
+
+def _group(item: pytest.Item) -> str:
+    return SHARED_FIXTURE_GROUPS.get(item.path.stem, item.path.stem)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # a plain `pytest` keeps the files' order
+        rank = {g: i for i, g in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(_group(item), len(rank)))  # stable: each file's order kept
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_prefect_home(tmp_path_factory: pytest.TempPathFactory) -> None:
