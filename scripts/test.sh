@@ -3,4 +3,4 @@
 # workers (TEST_WORKERS=0: one process). Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"`.
 source "$(dirname "$0")/env.sh"
 ruff check .  # lint first: seconds, and a failure names the line
-exec python -m pytest -n "${TEST_WORKERS:-2}" --dist loadgroup "$@"
+exec python -m pytest -n "${TEST_WORKERS:-2}" --dist loadfile "$@"

@@ -17,8 +17,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".torch_ext"))
 
-# scripts/test.sh runs the suite on two xdist workers with `--dist loadgroup`: each test file is one group,
-# and the files that share an expensive session fixture are one group, so the fixture is built once.
+# scripts/test.sh runs the suite on two xdist workers with `--dist loadfile`: each test file goes to one
+# worker whole, and the files that share an expensive session fixture go to the same one, so it is built once.
 SHARED_FIXTURE_GROUPS = {
     "test_dvc": "pipeline_project", "test_deployment": "pipeline_project",
     "test_evaluate": "tiny_model_chain", "test_predict": "tiny_model_chain", "test_promote": "tiny_model_chain",
@@ -28,17 +28,29 @@ LONGEST_FIRST = ["pipeline_project", "test_multihost", "test_nightly", "test_rea
                  "test_train", "tiny_model_chain"]
 
 
-def _group(item: pytest.Item) -> str:
-    return SHARED_FIXTURE_GROUPS.get(item.path.stem, item.path.stem)
+def _group(path: str | Path) -> str:
+    stem = Path(path).stem
+    return SHARED_FIXTURE_GROUPS.get(stem, stem)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """`--dist loadfile`, with the files of one shared fixture as one unit (xdist's `loadgroup` marks do not
+    reach the scheduler under this pytest: the node ids it reads carry no group)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid.split("::", 1)[0])
+
+    return FileGroups(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_group(item)))
-    if os.environ.get("PYTEST_XDIST_WORKER"):  # a plain `pytest` keeps the files' order
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # the order the workers are fed in; a plain `pytest` keeps the files' order
         rank = {g: i for i, g in enumerate(LONGEST_FIRST)}
-        items.sort(key=lambda item: rank.get(_group(item), len(rank)))  # stable: each file's order kept
+        items.sort(key=lambda item: rank.get(_group(item.path), len(rank)))  # stable: each file's order kept
 
 
 @pytest.fixture(scope="session", autouse=True)
