@@ -40,6 +40,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
         return None
     from xdist.scheduler import LoadScopeScheduling
 
+    config.option.loadscopereorder = False  # keep LONGEST_FIRST (xdist would put the files with most tests first)
+
     class FileGroups(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return _group(nodeid.split("::", 1)[0])
