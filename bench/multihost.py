@@ -41,6 +41,10 @@ def run(zero_stage: int, tiny: bool, work: Path) -> dict[str, Any]:
     params: dict[str, Any] = {"train": {"strategy": "deepspeed", "zero_stage": zero_stage, "devices": 1,
                                         "accelerator": "cpu"}}
     lab = HostLab(work / "lab", hosts=2, params=params, tiny=tiny)
+    # the workers poll at Prefect's default interval, as the README's set-up runs them (the tests' lab polls
+    # every second to save time, which on two cores takes CPU from the ranks while they train)
+    for key in ("PREFECT_WORKER_QUERY_SECONDS", "PREFECT_WORKER_PREFETCH_SECONDS"):
+        lab.env.pop(key, None)
     try:
         lab.up()
         print(f"[demo] lab up in {time.monotonic() - started:.0f} s: hosts "
