@@ -126,6 +126,12 @@ def _check_inputs(p: TrainConfig) -> None:
         raise StageError("num_nodes > 1 needs train.master_port (and master_addr) shared by every node")
 
 
+def node_files_dir(p: TrainConfig, staging: Path) -> Path:
+    """Where this node keeps its own config and log: staging on node 0; beside it on node k > 0, because on a
+    shared disk node 0 empties staging when it starts, whenever node k got there first."""
+    return staging if p.node_rank == 0 else staging.parent / f"{staging.name}.node{p.node_rank}"
+
+
 def _prepare_staging(p: TrainConfig, staging: Path) -> str | None:
     """Make `staging` ready for this run; returns what it resumes from (None for a fresh run).
 
@@ -204,7 +210,9 @@ def train(p: TrainConfig, logger: logging.Logger | logging.LoggerAdapter | None 
         logger.info("train: resuming %s", resuming)
     nproc = node_processes(p)
     port = p.master_port or free_port()
-    config_path = staging / (CONFIG_NAME if p.node_rank == 0 else f"train_config.node{p.node_rank}.json")
+    own = node_files_dir(p, staging)
+    own.mkdir(parents=True, exist_ok=True)
+    config_path = own / (CONFIG_NAME if p.node_rank == 0 else f"train_config.node{p.node_rank}.json")
     resolved = p.model_copy(update={"devices": nproc, "out_dir": staging})
     write_text(config_path, resolved.model_dump_json(indent=2))
     cmd = build_command(resolved, config_path, nproc, port)
@@ -299,9 +307,11 @@ def _launch(p: TrainConfig, cmd: list[str], env: dict[str, str], out_dir: Path,
             logger: logging.Logger | logging.LoggerAdapter) -> TrainSummary:
     """Run `cmd` (the ranks write into `out_dir`, the staging folder) and read the summary it wrote."""
     started = time.monotonic()
-    log_path = out_dir / (LOG_NAME if p.node_rank == 0 else f"train.node{p.node_rank}.log")
+    log_path = node_files_dir(p, out_dir) / (LOG_NAME if p.node_rank == 0 else f"train.node{p.node_rank}.log")
     run_process_group(cmd, env, log_path, f"strategy {p.strategy}", logger)
     summary_path = out_dir / TRAIN_SUMMARY
+    if p.node_rank > 0 and not summary_path.is_file():  # on a shared disk node 0 may have published staging already
+        summary_path = Path(p.out_dir) / TRAIN_SUMMARY
     if not summary_path.is_file():
         raise StageError(f"training exited cleanly but wrote no {summary_path}; see {log_path}")
     summary = TrainSummary.model_validate_json(summary_path.read_text())
