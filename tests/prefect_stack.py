@@ -126,19 +126,26 @@ class PrefectStack:
     def stop(self) -> None:
         """Worker first: a worker whose server went away first hangs."""
         for name in ("worker", "server"):
-            proc = self.procs.pop(name, None)
-            if proc is None or proc.poll() is not None:
-                continue
+            self.stop_one(name)
+
+    def stop_one(self, name: str, grace_s: float = 30) -> None:
+        """SIGTERM the process's group, SIGKILL it after `grace_s`: a Prefect worker told to stop can keep
+        polling with its client already closed (its log then repeats "All connection attempts failed"), and a
+        test must not wait on it."""
+        proc = self.procs.pop(name, None)
+        if proc is None:
+            return
+        if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
             try:
-                proc.wait(timeout=30)
+                proc.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
-            try:  # anything the group started and left behind
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        try:  # anything the group started and left behind
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
     def leftovers(self) -> list[str]:
         """Processes still running that belong to this stack: its port, its project or its workspace."""

@@ -5,10 +5,8 @@ without RETRAIN_REPOSITORY / RETRAIN_HOME fails the run with a message naming th
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import shlex
-import signal
 import time
 from pathlib import Path
 
@@ -82,9 +80,7 @@ def test_a_worker_without_the_variables_fails_the_run_naming_them(tmp_path: Path
         logs = [entry["message"] for entry in
                 stack.post("/logs/filter", {"logs": {"flow_run_id": {"any_": [flow_run_id]}}})]
         # the fix the message gives: restart the worker with the variables set; the next run completes
-        worker = stack.procs.pop("worker")
-        os.killpg(worker.pid, signal.SIGTERM)
-        worker.wait(timeout=60)
+        stack.stop_one("worker")
         stack.env |= {"RETRAIN_REPOSITORY": str(project), "RETRAIN_HOME": str(tmp_path / "retrain_home")}
         stack.start("worker", *SETUP[-1])
         fixed = stack.wait(stack.submit("champion/champion"), timeout_s=300)["state"]
