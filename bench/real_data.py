@@ -104,16 +104,20 @@ def run(name: str, spec: dict[str, Any], work: Path, train: dict[str, Any] | Non
         seconds[stage] = round(time.perf_counter() - started, 1)
         if stage == "evaluate":
             seconds["baseline (inside evaluate)"] = result.baseline_seconds
-    metrics = json.loads((work / "eval/metrics.json").read_text())
-    ablation = json.loads((work / "eval/ablation.json").read_text())
+    return {**outcome(name, work / "eval", work / "validated"), "seconds": seconds}
+
+
+def outcome(name: str, eval_dir: Path, validated_dir: Path) -> dict[str, Any]:
+    """What one run of a table measured: its test metrics beside the baseline's, and the ablation."""
+    metrics = json.loads((eval_dir / "metrics.json").read_text())
+    ablation = json.loads((eval_dir / "ablation.json").read_text())
     return {
         "dataset": name, "problem_type": metrics["problem_type"],
-        "rows": json.loads((work / "validated/meta.json").read_text())["rows"],
+        "rows": json.loads((validated_dir / "meta.json").read_text())["rows"],
         "metric": metrics["primary_metric"]["name"], "fusion": metrics["primary_metric"]["value"],
         "baseline": metrics["baseline"]["primary_metric"]["value"], "improvement": metrics["vs_baseline"]["improvement"],
         "fusion_metrics": metrics["metrics"], "baseline_metrics": metrics["baseline"]["metrics"],
         "ablation": {m: {"score": e["score"], "drop": e["drop"]} for m, e in ablation["modalities"].items()},
-        "seconds": seconds,
     }
 
 
@@ -138,17 +142,10 @@ def run_project(name: str, spec: dict[str, Any], work: Path, through: str) -> di
         done = subprocess.run(command, cwd=project, env=env, stdout=log, stderr=subprocess.STDOUT)
     if done.returncode != 0:
         raise SystemExit(f"{name}: {' '.join(command[1:])} failed ({done.returncode}); see {work / f'{through}.log'}")
-    data = project / "data"
-    metrics = json.loads((data / "eval/metrics.json").read_text())
-    ablation = json.loads((data / "eval/ablation.json").read_text())
-    return {
-        "dataset": name, "through": through, "problem_type": metrics["problem_type"],
-        "rows": json.loads((data / "validated/meta.json").read_text())["rows"],
-        "metric": metrics["primary_metric"]["name"], "fusion": metrics["primary_metric"]["value"],
-        "baseline": metrics["baseline"]["primary_metric"]["value"], "improvement": metrics["vs_baseline"]["improvement"],
-        "ablation": {m: {"score": e["score"], "drop": e["drop"]} for m, e in ablation["modalities"].items()},
-        "seconds": {through: round(time.perf_counter() - started, 1)},
-    }
+    seconds = round(time.perf_counter() - started, 1)
+    paths = load_params(project / "params.yaml")  # where the clone's params.yaml puts the outputs
+    return {**outcome(name, project / paths.evaluate.out_dir, project / paths.validate_.out_dir),
+            "through": through, "seconds": {through: seconds}}
 
 
 def single_modalities(spec: dict[str, Any], work: Path, result: dict[str, Any]) -> dict[str, float]:
