@@ -33,6 +33,26 @@ class HostConfig(BaseModel):
     work_queue: str = Field(min_length=1)
 
 
+class WideMember(BaseModel):
+    """One member of the network's portfolio: how its wide text and code logits learn. Every member shares
+    the encoders and the TabM body; each has its own heads and wide tables, and validation mixes them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text_lr_multiplier: float = Field(1.5, gt=0)  # the text table's learning rate, times lr
+    # the text table's L2 penalty as in logistic regression (1 / (2 C)): text_l2 * |w|^2 / training rows
+    # added to the mean loss, so rare n-grams cannot fit the rows they occur in (0: none)
+    text_l2: float = Field(0.0, ge=0)
+    category_lr_multiplier: float = Field(1.0, gt=0)  # the per-code logits' learning rate, times lr
+    category_l2: float = Field(0.0, ge=0)  # the per-code logits' L2 penalty, as text_l2
+
+
+# a loosely held linear part (fits fast, suits tables led by the deep path) and one trained as a logistic
+# regression (text- and code-led tables): validation weighs them on each table (BENCHMARKS.md)
+DEFAULT_MEMBERS = [WideMember(),
+                   WideMember(text_lr_multiplier=15, text_l2=1.0, category_lr_multiplier=5, category_l2=1.0)]
+
+
 class TrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -53,25 +73,31 @@ class TrainConfig(BaseModel):
     text_ngrams: int = Field(3, ge=1, le=5)
     text_min_df: int = Field(2, ge=1)
     text_max_features: int = Field(1024, ge=1)  # distinct n-grams kept per row
-    text_lr_multiplier: float = Field(1.5, gt=0)  # the text table's learning rate, times lr
-    # the text table's L2 penalty as in logistic regression (1 / (2 C)): text_l2 * |w|^2 / training rows
-    # added to the mean loss, so rare n-grams cannot fit the rows they occur in (0: none)
-    text_l2: float = Field(0.0, ge=0)
-    # tabular: an embedding per code, standardised numerics and their piecewise-linear bins, and a linear
+    # tabular: an embedding per code and each number's piecewise-linear embedding over bins a decision tree
+    # fitted to the training labels finds (at most numeric_bins, each >= bin_min_rows rows), and a linear
     # logit per code beside the deep path
-    cat_dim: int = Field(4, ge=1)
-    numeric_bins: int = Field(16, ge=1)
+    cat_dim: int = Field(8, ge=1)
+    numeric_bins: int = Field(64, ge=2)
+    bin_min_rows: int = Field(8, ge=1)
+    numeric_embedding_dim: int = Field(16, ge=1)
     # a numerical column with at most this many distinct training values also enters as a code (0: never)
     numeric_codes_max: int = Field(0, ge=0)
+    # the row key enters as a number too when every training value is an integer (a catalogue number)
+    id_as_number: bool = True
     category_logits: bool = True
-    category_lr_multiplier: float = Field(1.0, gt=0)  # the per-code logits' learning rate, times lr
-    category_l2: float = Field(0.0, ge=0)  # the per-code logits' L2 penalty, as text_l2
+    # the portfolio: members of one network, mixed by weights fitted on validation (fusion tabm)
+    members: list[WideMember] = Field(default_factory=lambda: [m.model_copy() for m in DEFAULT_MEMBERS],
+                                      min_length=1)
     # weight of the auxiliary loss of each deep modality's own head (0: none)
     aux_loss_weight: float = Field(0.0, ge=0.0)
     adapter_dim: int = Field(64, ge=1)
-    hidden_sizes: list[int] = [128]
+    # tabm: a TabM ensemble of ensemble_size MLPs sharing one body (blocks of hidden_sizes, one width);
+    # mlp: one MLP (layer_norm and activation apply to it)
+    fusion: Literal["tabm", "mlp"] = "tabm"
+    ensemble_size: int = Field(16, ge=1)
+    hidden_sizes: list[int] = [256, 256]
     activation: Literal["relu", "gelu", "leaky_relu", "tanh"] = "gelu"
-    dropout: float = Field(0.3, ge=0.0, lt=1.0)
+    dropout: float = Field(0.1, ge=0.0, lt=1.0)
     layer_norm: bool = True
     # inputs the model sees; a subset trains a single-modality baseline of the same architecture
     modalities: list[Literal["image", "tabular", "text"]] = ["image", "tabular", "text"]
@@ -82,6 +108,9 @@ class TrainConfig(BaseModel):
     fit_decision: bool = True
     # optimisation
     max_epochs: int = Field(8, ge=1)
+    # a small table trains for more epochs: at least this many optimizer steps (within max_epochs_cap)
+    min_steps: int = Field(0, ge=0)
+    max_epochs_cap: int = Field(40, ge=1)
     # stop when the validation metric has not improved for this many epochs (None: train max_epochs);
     # the checkpoint kept is the best epoch's either way
     early_stopping_patience: int | None = Field(None, ge=1)
@@ -125,6 +154,26 @@ class TrainConfig(BaseModel):
                 return entry
         known = ", ".join(h.name for h in self.hosts) or "none"
         raise ValueError(f"train.hosts has no host named {name!r} (it lists: {known}); fix the node job's `host`")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data: object) -> object:
+        moved = sorted(set(data) & set(WideMember.model_fields)) if isinstance(data, dict) else []
+        if moved:
+            raise ValueError(f"train.{', train.'.join(moved)} moved into train.members (one entry per member of "
+                             "the portfolio, e.g. members: [{text_lr_multiplier: 15, text_l2: 1.0}]); delete the "
+                             "key to use the default portfolio, which validation weighs on each table")
+        return data
+
+    @model_validator(mode="after")
+    def _members_fit(self) -> TrainConfig:
+        if self.fusion == "mlp" and len(self.members) > 1:
+            raise ValueError("train.members lists several members but fusion mlp has one head; set fusion: tabm "
+                             "or keep one member")
+        if self.fusion == "tabm" and self.ensemble_size < len(self.members):
+            raise ValueError(f"train.ensemble_size {self.ensemble_size} is smaller than the {len(self.members)} "
+                             "members; each member needs a head")
+        return self
 
     @model_validator(mode="after")
     def _hosts_are_usable(self) -> TrainConfig:

@@ -37,6 +37,7 @@ from fusion_model.layout import (
     RANKS_DIR,
     TRAIN_SUMMARY,
 )
+from fusion_model.legacy import CURRENT_FORMAT
 from fusion_model.loopback import bind_stores_to_master_addr
 from fusion_model.metrics import greater_is_better
 from fusion_model.module import FusionModule, balanced_class_weight, metric_name, monitor_mode
@@ -49,7 +50,7 @@ from tasks._io.processes import die_with_parent
 # Validation metrics are computed on every rank from the same gathered rows, so they need no reduction;
 # the per-epoch training loss is each rank's own (an all-reduce per step costs more than it tells).
 warnings.filterwarnings("ignore", message=".*when logging on epoch level in distributed setting.*")
-FORMAT_VERSION = 2  # 2: any dataset schema and problem type (1: the PetFinder columns, binary/0-4 argmax)
+FORMAT_VERSION = CURRENT_FORMAT  # the format this version writes (fusion_model/legacy.py reads the older ones)
 # At import, so ddp_spawn's ranks (which re-import this module) get it too: under torchrun the agent hosts
 # the store (fusion_model.launch), under ddp_spawn rank 0 does, on MASTER_ADDR only.
 bind_stores_to_master_addr()
@@ -98,7 +99,34 @@ def model_kwargs(cfg: TrainConfig, pre: Preprocessor, num_classes: int, modaliti
         "category_logits": cfg.category_logits,
         "aux_loss_weight": cfg.aux_loss_weight,
         "modalities": modalities,
+        "fusion": cfg.fusion,
+        "ensemble_size": cfg.ensemble_size,
+        "numeric_bins": pre.numeric_bins if pre.numeric_output == "values" else None,
+        "numeric_embedding_dim": cfg.numeric_embedding_dim,
+        "member_text_scale": [m.text_lr_multiplier for m in cfg.members],
+        "member_category_scale": [m.category_lr_multiplier for m in cfg.members],
     }
+
+
+def epochs_for(cfg: TrainConfig, train_rows: int, world_size: int) -> int:
+    """max_epochs, raised on a small table until the run makes `min_steps` optimizer steps (at most
+    max_epochs_cap epochs): a few thousand rows give few steps per epoch."""
+    steps_per_epoch = max(1, train_rows // max(1, cfg.batch_size * world_size))
+    needed = -(-cfg.min_steps // steps_per_epoch)
+    return max(cfg.max_epochs, min(cfg.max_epochs_cap, needed))
+
+
+def portfolio(history: list[dict[str, float]], epoch: int | None, metric: str, members: list[dict[str, Any]]
+              ) -> dict[str, Any] | None:
+    """The members at the kept epoch: each one's settings, own validation score and weight in the mix."""
+    row = next((h for h in history if h.get("epoch") == epoch), None)
+    if row is None or len(members) < 2:
+        return None
+    entries = [{"member": m, **config, f"val_{metric}": row.get(f"val/member_{m}/{metric}"),
+                "weight": row.get(f"val/member_{m}/weight")} for m, config in enumerate(members)]
+    chosen = max(entries, key=lambda e: e["weight"] if e["weight"] is not None else -1.0)
+    return {"epoch": epoch, "chosen": chosen["member"], "ensemble_val": row.get(f"val/{metric}"),
+            "members": entries}
 
 
 def gathered_fp32_state(trainer: Any, module: Any) -> dict[str, torch.Tensor] | None:
@@ -185,6 +213,9 @@ class FinishRun(pl.Callback):
             "fit_wall_s": round(time.perf_counter() - self._started, 2),
             "history": self.progress.history,
             "best_epoch": _best_epoch(self.progress.history, f"val/{self.metric}"),
+            # the members of the kept epoch: settings, validation score alone, weight in the mix
+            "portfolio": portfolio(self.progress.history, _best_epoch(self.progress.history, f"val/{self.metric}"),
+                                   self.metric, [m.model_dump() for m in cfg.members]),
             "stopped_early": bool(getattr(trainer.early_stopping_callback, "stopped_epoch", 0)),
         }
         if trainer.is_global_zero:
@@ -218,7 +249,11 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     pre = Preprocessor.fit(data.train, schema, text_buckets=cfg.text_buckets, image_size=cfg.image_size,
                            image_index=cfg.image_index, text_ngrams=cfg.text_ngrams, text_min_df=cfg.text_min_df,
                            text_max_features=cfg.text_max_features, numeric_bins=cfg.numeric_bins,
-                           numeric_codes_max=cfg.numeric_codes_max)
+                           numeric_codes_max=cfg.numeric_codes_max, bin_min_rows=cfg.bin_min_rows,
+                           labels=data.labels(data.train) if cfg.fusion == "tabm" else None,
+                           ordered_labels=problem_type in ("ordinal", "regression"),
+                           id_as_number=cfg.id_as_number,
+                           numeric_output="values" if cfg.fusion == "tabm" else "encodings")
     modalities = used_modalities(cfg, data.train, schema.modalities, schema.columns.image)
     if not modalities:
         raise ValueError(f"train.modalities {cfg.modalities} and the dataset's inputs {schema.modalities} have "
@@ -232,9 +267,9 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     train_labels = data.labels(data.train)
     class_weight = (balanced_class_weight(train_labels, num_classes)
                     if cfg.class_weight == "balanced" and problem_type != "regression" else None)
-    module = FusionModule(kwargs, lr=cfg.lr, weight_decay=cfg.weight_decay, text_lr_multiplier=cfg.text_lr_multiplier,
-                          category_lr_multiplier=cfg.category_lr_multiplier, class_weight=class_weight,
-                          fit_decision=cfg.fit_decision, text_l2=cfg.text_l2, category_l2=cfg.category_l2, train_rows=len(data.train))
+    module = FusionModule(kwargs, lr=cfg.lr, weight_decay=cfg.weight_decay, class_weight=class_weight,
+                          fit_decision=cfg.fit_decision, text_l2=[m.text_l2 for m in cfg.members],
+                          category_l2=[m.category_l2 for m in cfg.members], train_rows=len(data.train))
     if "text" in modalities:  # the fitted text tables, in the model's buffers (so in every checkpoint)
         module.model.text.load_tables(**pre.text_tables)
     if problem_type == "regression":  # the target's scale, in buffers: predictions come out in the label's unit
@@ -266,7 +301,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         num_nodes=cfg.num_nodes,
         strategy=build_strategy(cfg, on_cuda),
         precision=cfg.precision,
-        max_epochs=cfg.max_epochs,
+        max_epochs=epochs_for(cfg, len(data.train), devices * cfg.num_nodes),
         max_steps=cfg.max_steps,
         callbacks=callbacks,
         logger=live_logger(out_dir, cfg.resume),

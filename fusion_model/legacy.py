@@ -4,6 +4,7 @@ still load, predict and be compared, whatever changed since.
 Format 1 (before dataset schemas): the PetFinder columns written into the code, `label_kind` binary (two
 logits) or multiclass (five logits, argmax), two count features named `rescuer_listings` and
 `breed1_frequency`, integer code vocabularies. Format 2 says all of that through the dataset schema.
+Format 3 adds the TabM fusion and members (fusion_model/model.py); a format-2 model is its one-member case.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 from fusion_model.presets import petfinder as pf
 
-CURRENT_FORMAT = 2
+CURRENT_FORMAT = 3
 _V1_COUNTS = {"rescuer_listings": pf.RESCUER_ID, "breed1_frequency": pf.BREED1}
 
 
@@ -24,6 +25,9 @@ def upgrade_config(config: dict[str, Any]) -> dict[str, Any]:
     version = config.get("format_version", 1)
     if version == CURRENT_FORMAT:
         return config
+    if version == 2:  # one MLP and one member: the model's defaults; only the members' mix is new
+        return {**copy.deepcopy(config), "format_version": CURRENT_FORMAT, "upgraded_from": 2,
+                "missing_buffers": {"member_weights": [1.0]}}
     if version != 1:
         raise ValueError(f"model_config.json format_version {version!r} is newer than this version reads "
                          f"({CURRENT_FORMAT}); update the project, or retrain the model")
@@ -50,7 +54,8 @@ def upgrade_config(config: dict[str, Any]) -> dict[str, Any]:
         **{k: v for k, v in old.items() if k != "label_kind"},
         "format_version": CURRENT_FORMAT, "upgraded_from": 1, "model": model, "preprocess": pre,
         "problem_type": problem_type, "dataset": schema.model_dump(mode="json"),
+        "missing_buffers": {"member_weights": [1.0]},
     }
     if problem_type == "multiclass":  # the argmax of format 1: no class bias
-        upgraded["missing_buffers"] = {"decision_bias": [0.0] * len(old["classes"])}
+        upgraded["missing_buffers"]["decision_bias"] = [0.0] * len(old["classes"])
     return upgraded

@@ -107,20 +107,46 @@ class ImageEncoder(nn.Module):
 
 
 class TabularEncoder(nn.Module):
-    """One embedding per categorical column, concatenated with the standardised numeric columns."""
+    """One embedding per categorical column, concatenated with the numeric inputs: as they come
+    (standardised values and their bin encodings), or, given `numeric_bins`, each standardised value
+    embedded piecewise-linearly over its bins (rtdl_num_embeddings, version B: a linear term plus a
+    zero-initialised piecewise one)."""
 
-    def __init__(self, cardinalities: Sequence[int], n_numeric: int, cat_dim: int) -> None:
+    def __init__(self, cardinalities: Sequence[int], n_numeric: int, cat_dim: int,
+                 numeric_bins: Sequence[Sequence[float]] | None = None, numeric_embedding_dim: int = 16) -> None:
         super().__init__()
         self.embeddings = nn.ModuleList(nn.Embedding(n, cat_dim) for n in cardinalities)
-        self.out_dim = len(cardinalities) * cat_dim + n_numeric
+        self.numeric_embedding: nn.Module | None = None
+        width = n_numeric
+        if numeric_bins is not None and n_numeric:
+            from rtdl_num_embeddings import PiecewiseLinearEmbeddings
+
+            # Built on the CPU whatever the surrounding device: the library checks the edges with Python
+            # `if`s, which a meta tensor (the convert stage's shape-only build) cannot answer.
+            with torch.device("cpu"):
+                self.numeric_embedding = PiecewiseLinearEmbeddings(
+                    [torch.tensor(edges, dtype=torch.float32) for edges in numeric_bins], numeric_embedding_dim,
+                    activation=False, version="B")
+            width = n_numeric * numeric_embedding_dim
+        self.out_dim = len(cardinalities) * cat_dim + width
 
     def forward(self, categorical: torch.Tensor, numeric: torch.Tensor) -> torch.Tensor:
         parts = [emb(categorical[:, i]) for i, emb in enumerate(self.embeddings)]
         dtype = parts[0].dtype if parts else numeric.dtype
-        return torch.cat([*parts, numeric.to(dtype)], dim=1)
+        if self.numeric_embedding is not None:
+            dtype = _dtype_of(self.numeric_embedding)
+            numeric = self.numeric_embedding(numeric.to(dtype)).flatten(1)
+        return torch.cat([*(p.to(dtype) for p in parts), numeric.to(dtype)], dim=1)
 
 
 class FusionModel(nn.Module):
+    """See the module docstring. `fusion`: "tabm" fuses with a TabM ensemble (`tabm`: `ensemble_size`
+    MLPs sharing one body, each with its own scaling and head, trained as independent heads), "mlp" with
+    one MLP (format 2). Heads are split among `len(member_text_scale)` members: each member adds its own
+    wide text and code logits (a learning-rate multiplier each, `member_*_scale`, and an L2 penalty set by
+    the training module), so one network holds several regularisations of its linear part; `member_weights`
+    (fitted on validation) mix the members' probabilities into the prediction."""
+
     def __init__(
         self,
         *,
@@ -144,6 +170,12 @@ class FusionModel(nn.Module):
         category_logits: bool = True,
         aux_loss_weight: float = 0.0,
         modalities: Sequence[str] = MODALITIES,
+        fusion: str = "mlp",
+        ensemble_size: int = 1,
+        numeric_bins: Sequence[Sequence[float]] | None = None,
+        numeric_embedding_dim: int = 16,
+        member_text_scale: Sequence[float] = (1.0,),
+        member_category_scale: Sequence[float] = (1.0,),
     ) -> None:
         super().__init__()
         if activation not in _ACTIVATIONS:
@@ -151,46 +183,87 @@ class FusionModel(nn.Module):
         unknown = set(modalities) - set(MODALITIES)
         if unknown or not modalities:
             raise ValueError(f"modalities {list(modalities)} must be a non-empty subset of {list(MODALITIES)}")
+        if fusion not in ("mlp", "tabm"):
+            raise ValueError(f"fusion {fusion!r} is not 'mlp' or 'tabm'")
+        members = len(member_text_scale)
+        if members != len(member_category_scale) or members < 1:
+            raise ValueError("member_text_scale and member_category_scale need one entry per member")
+        k = ensemble_size if fusion == "tabm" else 1
+        if k < members:
+            raise ValueError(f"ensemble_size {ensemble_size} is smaller than the {members} members; every member "
+                             "needs at least one head (fusion: tabm)")
         # Only the modalities the model uses get an encoder: a dataset without photos trains on tabular +
         # text without running a backbone on blank images, and a single-modality baseline is that
         # modality's part alone.
         self.modalities = tuple(m for m in MODALITIES if m in modalities)
         self.problem_type, self.target_transform = problem_type, target_transform
+        self.fusion, self.k, self.members = fusion, k, members
         width = heads.output_width(problem_type, num_classes)
+        self.width = width
         self.ordinal = heads.OrdinalLink(num_classes) if problem_type == "ordinal" else None
         if problem_type == "multiclass":  # added to the logits before the argmax; fitted on validation
             self.register_buffer("decision_bias", torch.zeros(num_classes))
         if problem_type == "regression":  # the training labels' scale (after the transform)
             self.register_buffer("target_mean", torch.zeros(()))
             self.register_buffer("target_std", torch.ones(()))
+        # the members' mix, fitted on validation (uniform until then); head h belongs to member h % members
+        self.register_buffer("member_weights", torch.full((members,), 1.0 / members))
+        self.register_buffer("head_member", torch.arange(k) % members, persistent=False)
+        # a member's learning-rate multiplier as a constant scale of its wide logits: under Adam a weight
+        # moves ~lr per step whatever its gradient's size, so the scaled logit moves `scale` times as fast
+        self.register_buffer("text_scale", torch.tensor(list(member_text_scale), dtype=torch.float32),
+                             persistent=False)
+        self.register_buffer("category_scale", torch.tensor(list(member_category_scale), dtype=torch.float32),
+                             persistent=False)
         encoders: dict[str, nn.Module] = {}
         if "image" in self.modalities:
             encoders["image"] = self.image = ImageEncoder(image_model, pretrained, image_size)
+        self.category_logit: CategoryLogit | None = None
         if "tabular" in self.modalities:
-            encoders["tabular"] = self.tabular = TabularEncoder(cat_cardinalities, n_numeric, cat_dim)
-            self.category_logit = CategoryLogit(cat_cardinalities, width) if category_logits else None
+            encoders["tabular"] = self.tabular = TabularEncoder(
+                cat_cardinalities, n_numeric, cat_dim, numeric_bins if fusion == "tabm" else None,
+                numeric_embedding_dim)
+            self.category_logit = CategoryLogit(cat_cardinalities, width * members) if category_logits else None
         if "text" in self.modalities:
-            self.text = TextLogit(text_buckets, text_vocab_size, width, max_order=text_ngrams)
-        self.adapters = nn.ModuleDict({name: nn.Linear(enc.out_dim, adapter_dim) for name, enc in encoders.items()})
+            self.text = TextLogit(text_buckets, text_vocab_size, width * members, max_order=text_ngrams)
+        # the image goes through an adapter to a common width; under tabm the tabular features enter the
+        # ensemble as they are (its first layer is their adapter)
+        self.adapters = nn.ModuleDict({
+            name: nn.Identity() if fusion == "tabm" and name == "tabular" else nn.Linear(enc.out_dim, adapter_dim)
+            for name, enc in encoders.items()})
+        adapted = {name: enc.out_dim if isinstance(self.adapters[name], nn.Identity) else adapter_dim
+                   for name, enc in encoders.items()}
         self.mlp: nn.Module | None = None
         self.head: nn.Module | None = None
-        if self.adapters:
+        self.view: nn.Module | None = None
+        if self.adapters and fusion == "mlp":
             layers: list[nn.Module] = []
-            width = adapter_dim * len(self.adapters)
+            fused = sum(adapted.values())
             for hidden in hidden_sizes:
-                layers.append(nn.Linear(width, hidden))
+                layers.append(nn.Linear(fused, hidden))
                 if layer_norm:
                     layers.append(nn.LayerNorm(hidden))
                 layers += [_ACTIVATIONS[activation](), nn.Dropout(dropout)]
-                width = hidden
+                fused = hidden
             self.mlp = nn.Sequential(*layers)
-            self.head = nn.Linear(width, heads.output_width(problem_type, num_classes))
+            self.head = nn.Linear(fused, width)
+        elif self.adapters:
+            import tabm
+
+            if len(set(hidden_sizes)) != 1:
+                raise ValueError(f"fusion tabm needs blocks of one width; hidden_sizes {list(hidden_sizes)} differ")
+            d_in = sum(adapted.values())
+            self.view = tabm.EnsembleView(k=k)
+            self.mlp = tabm.make_tabm_backbone(
+                d_in=d_in, n_blocks=len(hidden_sizes), d_block=hidden_sizes[0], dropout=dropout, k=k,
+                arch_type="tabm", start_scaling_init="normal", start_scaling_init_chunks=[d_in])
+            self.head = tabm.LinearEnsemble(hidden_sizes[0], width, k=k)
         # one auxiliary head per deep modality, on its adapter's output, trained beside the fused head so
         # each encoder learns features of its own (a slow learner such as an image encoder from scratch is
         # otherwise left behind by the modalities that fit fast); unused when predicting
         self.aux_loss_weight = aux_loss_weight
         self.aux_heads = nn.ModuleDict(
-            {name: nn.Linear(adapter_dim, heads.output_width(problem_type, num_classes)) for name in self.adapters}
+            {name: nn.Linear(adapted[name], width) for name in self.adapters}
         ) if aux_loss_weight > 0 and len(self.adapters) + len(self.modalities) > 2 else None
         self._aux: list[tuple[torch.Tensor, torch.Tensor | None]] = []
 
@@ -200,10 +273,10 @@ class FusionModel(nn.Module):
                   "tabular": lambda: self.tabular(batch["categorical"], batch["numeric"])}
         return {name: inputs[name]() for name in self.adapters}
 
-    def forward(self, batch: dict[str, torch.Tensor], mask: Iterable[str] = ()) -> torch.Tensor:
-        """The raw output [batch, width] (fusion_model/heads.py: class logits, ordinal cumulative logits, or
-        the standardised regression value); modalities named in ``mask`` contribute zeros, and so does the
-        image of a row whose ``image_mask`` is 0 (a row without photos)."""
+    def head_outputs(self, batch: dict[str, torch.Tensor], mask: Iterable[str] = ()) -> torch.Tensor:
+        """Every head's raw output [batch, heads, width] (fusion_model/heads.py: class logits, ordinal
+        cumulative logits, or the standardised regression value); modalities named in ``mask`` contribute
+        zeros, and so does the image of a row whose ``image_mask`` is 0 (a row without photos)."""
         mask = set(mask)
         unknown = mask - set(MODALITIES)
         if unknown:
@@ -212,10 +285,10 @@ class FusionModel(nn.Module):
         # ddp/ZeRO never meet a parameter without a gradient
         wide: list[torch.Tensor] = []
         if "text" in self.modalities:
-            text = self.text(batch["text_ids"], batch["text_counts"])
+            text = self.member_view(self.text(batch["text_ids"], batch["text_counts"]), self.text_scale)
             wide.append(text * 0 if "text" in mask else text)
         if "tabular" in self.modalities and self.category_logit is not None:
-            codes = self.category_logit(batch["categorical"])
+            codes = self.member_view(self.category_logit(batch["categorical"]), self.category_scale)
             wide.append(codes * 0 if "tabular" in mask else codes)
         keep_image = batch.get("image_mask")  # 0 for a row without a photo
         logits = None
@@ -225,19 +298,76 @@ class FusionModel(nn.Module):
             self._aux = []
             for name, adapter in self.adapters.items():
                 # the seed's fix: an encoder may return fp32 while the adapter holds fp16/bf16 weights
-                out = adapter(features[name].to(adapter.weight.dtype))
+                dtype = adapter.weight.dtype if isinstance(adapter, nn.Linear) else _dtype_of(self.head)
+                out = adapter(features[name].to(dtype))
                 if self.training and self.aux_heads is not None:
-                    rows = keep_image.bool() if name == "image" and keep_image is not None else None
+                    keep = keep_image.bool() if name == "image" and keep_image is not None else None
                     aux = self.aux_heads[name](out)
-                    self._aux.append((self.ordinal(aux) if self.ordinal is not None else aux, rows))
+                    self._aux.append((self.ordinal(aux) if self.ordinal is not None else aux, keep))
                 if name == "image" and keep_image is not None:
                     out = out * keep_image.to(out.dtype).unsqueeze(1)
                 fused.append(out * 0 if name in mask else out)
-            logits = self.head(self.mlp(torch.cat(fused, dim=1)))
-        for part in wide:
+            x = torch.cat(fused, dim=1)
+            if self.view is None:
+                logits = self.head(self.mlp(x)).unsqueeze(1)
+            else:
+                logits = self.head(self.mlp(self.view(x)))
+        for part in wide:  # [batch, members, width] -> each head gets its member's
+            part = part[:, self.head_member]
             logits = part if logits is None else logits + part.to(logits.dtype)
         assert logits is not None  # modalities is non-empty
         return self.ordinal(logits) if self.ordinal is not None else logits
+
+    def member_view(self, wide: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """A wide logit [batch, members * width] as [batch, members, width], times each member's scale."""
+        return wide.view(wide.shape[0], self.members, self.width) * scale.to(wide.dtype).view(1, -1, 1)
+
+    def combine(self, raw: torch.Tensor, head_weights: torch.Tensor | None = None) -> torch.Tensor:
+        """Heads' raw outputs [batch, heads, width] -> one raw output [batch, width] in the same space: the
+        weighted mean of the heads' probabilities as logits (ordinal: of each P(y > k)), or of the values
+        (regression). Default weights: each member's `member_weights`, shared by its heads."""
+        if raw.shape[1] == 1:
+            return raw[:, 0]
+        if head_weights is None:
+            head_weights = self.head_weights()
+        w = head_weights.to(torch.float32).view(1, -1, 1)
+        raw = raw.float()
+        if self.problem_type == "regression":
+            return (raw * w).sum(1)
+        if self.problem_type == "ordinal":
+            p = (torch.sigmoid(raw) * w).sum(1).clamp(1e-7, 1 - 1e-7)
+            return torch.log(p) - torch.log1p(-p)
+        return torch.log((raw.softmax(-1) * w).sum(1).clamp_min(1e-12))
+
+    def head_weights(self, member_weights: torch.Tensor | None = None) -> torch.Tensor:
+        """Per head: its member's weight shared equally by the member's heads."""
+        mw = self.member_weights if member_weights is None else member_weights
+        per_member = torch.bincount(self.head_member, minlength=self.members).to(mw.dtype)
+        return mw[self.head_member] / per_member[self.head_member]
+
+    def member_outputs(self, raw: torch.Tensor) -> torch.Tensor:
+        """Heads' raw outputs [batch, heads, width] -> each member's [batch, members, width] (its heads mixed)."""
+        eye = torch.nn.functional.one_hot(self.head_member, self.members).to(torch.float32)  # [heads, members]
+        eye = eye / eye.sum(0, keepdim=True)
+        return torch.stack([self.combine(raw, eye[:, m]) for m in range(self.members)], dim=1)
+
+    def forward(self, batch: dict[str, torch.Tensor], mask: Iterable[str] = ()) -> torch.Tensor:
+        """The raw output [batch, width] (the heads combined): see ``head_outputs`` and ``combine``."""
+        return self.combine(self.head_outputs(batch, mask))
+
+    def wide_penalty(self, text_l2: Sequence[float], category_l2: Sequence[float]) -> torch.Tensor | None:
+        """sum over members of l2 * |scaled weights|^2 of its wide logits (the caller divides by the rows):
+        logistic regression's penalty on each member's own tables (None when all are 0)."""
+        terms = []
+        for module, scale, l2 in ((getattr(self, "text", None), self.text_scale, text_l2),
+                                  (self.category_logit, self.category_scale, category_l2)):
+            if module is None or not any(l2):
+                continue
+            weights = [module.bag.weight] if isinstance(module, TextLogit) else [t.weight for t in module.tables]
+            coef = (torch.tensor(list(l2), dtype=torch.float32, device=scale.device) * scale.float() ** 2)
+            coef = coef.repeat_interleave(self.width)  # per output column (member-major)
+            terms += [(w.float().pow(2).sum(0) * coef.to(w.device)).sum() for w in weights]
+        return torch.stack(terms).sum() if terms else None
 
     def interpret(self, raw: torch.Tensor) -> heads.Outputs:
         """Predictions from this model's raw output (its fitted cut points, biases and target scale)."""
@@ -253,13 +383,21 @@ class FusionModel(nn.Module):
         return heads.interpret(raw, self.problem_type, **kwargs)
 
     def loss(self, raw: torch.Tensor, labels: torch.Tensor, class_weight: torch.Tensor | None = None) -> torch.Tensor:
+        """The mean loss of every head ([batch, heads, width], as TabM trains its heads independently), or
+        of one raw output [batch, width]; plus the auxiliary heads' of the same forward pass."""
         scale: dict = {}
         if self.problem_type == "regression":
             scale = {"target_mean": float(self.target_mean), "target_std": float(self.target_std),
                      "target_transform": self.target_transform}
+        if raw.dim() == 3:
+            k = raw.shape[1]
+            raw, labels = raw.reshape(-1, raw.shape[2]), labels.repeat_interleave(k)
+            aux_labels = labels[::k]
+        else:
+            aux_labels = labels
         main = heads.loss(raw, labels, self.problem_type, class_weight=class_weight, **scale)
         aux, self._aux = self._aux, []  # the auxiliary heads' outputs of the forward pass that made `raw`
-        parts = [heads.loss(out if rows is None else out[rows], labels if rows is None else labels[rows],
+        parts = [heads.loss(out if rows is None else out[rows], aux_labels if rows is None else aux_labels[rows],
                             self.problem_type, class_weight=class_weight, **scale)
                  for out, rows in aux if rows is None or bool(rows.any())]
         if not parts:

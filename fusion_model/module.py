@@ -1,5 +1,7 @@
 """LightningModule around ``FusionModel``: the problem type's loss, validation metrics, AdamW.
 
+Training: every head's loss (TabM's independent heads), plus each member's L2 on its wide logits.
+
 The ``FusionModel`` is the single attribute ``self.model``, so every key of this module's state dict is
 ``fusion_model.layout.MODEL_PREFIX + <FusionModel key>``; DeepSpeed's raw output adds
 ``layout.DEEPSPEED_PREFIX`` in front of that.
@@ -7,7 +9,9 @@ The conversion stage strips exactly these two prefixes to get plain ``FusionMode
 
 Validation gathers every rank's outputs at the end of each epoch, fits the decision rule on them when
 asked (ordinal cut points, multiclass class biases: fusion_model/decision.py; kept in the model's buffers,
-so the checkpoint of that epoch carries them) and logs the metrics of fusion_model/metrics.py as
+so the checkpoint of that epoch carries them), after the members' mix (greedy selection on the
+validation loss: fusion_model/ensemble.py; logged as ``val/member_<m>/weight`` beside each member's
+own ``val/member_<m>/<metric>``) and logs the metrics of fusion_model/metrics.py as
 ``val/<name>``: the very functions the evaluate stage uses on the test set.
 """
 
@@ -20,7 +24,9 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 
+from fusion_model import heads
 from fusion_model.decision import fit_class_bias, fit_cutpoints
+from fusion_model.ensemble import greedy_weights
 from fusion_model.metrics import compute_metrics, greater_is_better, primary_metric_name
 from fusion_model.model import FusionModel
 
@@ -37,16 +43,19 @@ def monitor_mode(problem_type: str) -> str:
 class FusionModule(pl.LightningModule):
     def __init__(
         self, model_kwargs: dict[str, Any], *, lr: float, weight_decay: float, warmup_fraction: float = 0.1,
-        text_lr_multiplier: float = 1.0, category_lr_multiplier: float = 1.0, class_weight: list[float] | None = None,
-        fit_decision: bool = True, text_l2: float = 0.0, category_l2: float = 0.0,
-        train_rows: int = 1,
+        class_weight: list[float] | None = None, fit_decision: bool = True, text_l2: list[float] | None = None,
+        category_l2: list[float] | None = None, train_rows: int = 1,
     ) -> None:
+        """`text_l2`, `category_l2`: each member's L2 penalty on its wide logits (fusion_model/config.py's
+        WideMember; its learning-rate multipliers are the model's `member_*_scale`)."""
         super().__init__()
         self.save_hyperparameters()
         self.model = FusionModel(**model_kwargs)
         self.problem_type: str = model_kwargs.get("problem_type", "binary")
         self.num_classes: int = model_kwargs["num_classes"]
         self.fit_decision = fit_decision
+        self.text_l2 = list(text_l2 or [0.0] * self.model.members)
+        self.category_l2 = list(category_l2 or [0.0] * self.model.members)
         self.register_buffer("class_weight", torch.tensor(class_weight, dtype=torch.float32)
                              if class_weight is not None else None, persistent=False)
         self._val_raw: list[torch.Tensor] = []
@@ -55,17 +64,24 @@ class FusionModule(pl.LightningModule):
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.model(batch)
 
+    def _loss(self, raw: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        loss = self.model.loss(raw, labels, self.class_weight)
+        # coupled L2 on each member's wide tables, as the logistic regression's penalty (decoupled decay
+        # would shrink rare and frequent n-grams alike)
+        penalty = self.model.wide_penalty(self.text_l2, self.category_l2)
+        return loss if penalty is None else loss + penalty / max(1, self.hparams.train_rows)
+
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         labels = batch["label"]
-        loss = self.model.loss(self.model(batch), labels, self.class_weight)
+        loss = self._loss(self.model.head_outputs(batch), labels)
         # per step unsynced (an all-reduce per step costs more than it tells), and per epoch
         self.log("train/loss", loss, on_step=True, on_epoch=True, sync_dist=False, batch_size=labels.shape[0])
         return loss
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         labels = batch["label"]
-        raw = self.model(batch)
-        loss = self.model.loss(raw, labels, self.class_weight)
+        raw = self.model.head_outputs(batch)
+        loss = self._loss(raw, labels)
         self.log("val/loss", loss, on_epoch=True, sync_dist=True, batch_size=labels.shape[0])
         self._val_raw.append(raw.detach().float())
         self._val_labels.append(labels.detach())
@@ -86,53 +102,65 @@ class FusionModule(pl.LightningModule):
         raw, labels = self._gathered(self._val_raw), self._gathered(self._val_labels)
         self._val_raw, self._val_labels = [], []
         y = labels.cpu().numpy()
-        if self.fit_decision and self.problem_type == "ordinal":
-            expected = torch.sigmoid(raw).sum(1).cpu().numpy()
-            cuts = fit_cutpoints(expected, y, self.num_classes)
-            self.model.ordinal.cutpoints.copy_(torch.as_tensor(cuts, dtype=torch.float32))
-        elif self.fit_decision and self.problem_type == "multiclass":
-            bias = fit_class_bias(torch.log_softmax(raw, 1).cpu().numpy(), y)
-            self.model.decision_bias.copy_(torch.as_tensor(bias, dtype=torch.float32))
-        out = self.model.interpret(raw)
-        metrics = compute_metrics(y, out.prediction.cpu().numpy(), self.problem_type, self.num_classes,
-                                  None if out.proba is None else out.proba.cpu().numpy())
+        name = metric_name(self.problem_type)
+        members = self.model.member_outputs(raw)  # [rows, members, width]
+        if self.model.members > 1:
+            def mix_loss(weights: torch.Tensor) -> float:
+                mixed = self.model.combine(members, weights.to(members.device))
+                return float(self.model.loss(mixed, labels))
+
+            self.model.member_weights.copy_(greedy_weights(self.model.members, mix_loss).to(members.device))
+            for m in range(self.model.members):  # each member alone, with its own decision rule
+                alone = self._metrics(members[:, m], y, store=False)[name]
+                self.log(f"val/member_{m}/{name}", float(alone) if alone is not None else math.nan,
+                         on_epoch=True, sync_dist=False, rank_zero_only=False)
+                self.log(f"val/member_{m}/weight", float(self.model.member_weights[m]), on_epoch=True,
+                         sync_dist=False, rank_zero_only=False)
+        metrics = self._metrics(self.model.combine(raw), y, store=True)
         # the same value on every rank (the same gathered rows): no further reduction
-        for name, value in metrics.items():
+        for key, value in metrics.items():
             if value is not None:
-                self.log(f"val/{name}", float(value), on_epoch=True, sync_dist=False, rank_zero_only=False)
-            elif name == metric_name(self.problem_type):
-                worst = -math.inf if greater_is_better(name) else math.inf
-                self.log(f"val/{name}", worst, on_epoch=True, sync_dist=False)
+                self.log(f"val/{key}", float(value), on_epoch=True, sync_dist=False, rank_zero_only=False)
+            elif key == name:
+                worst = -math.inf if greater_is_better(key) else math.inf
+                self.log(f"val/{key}", worst, on_epoch=True, sync_dist=False)
+
+    def _metrics(self, raw: torch.Tensor, y: np.ndarray, store: bool) -> dict[str, Any]:
+        """Validation metrics of one raw output [rows, width], its decision rule fitted first when asked
+        (kept in the model's buffers when `store`, so the checkpoint of the epoch carries it)."""
+        kwargs: dict[str, Any] = {}
+        if self.fit_decision and self.problem_type == "ordinal":
+            cuts = torch.as_tensor(fit_cutpoints(torch.sigmoid(raw).sum(1).cpu().numpy(), y, self.num_classes),
+                                   dtype=torch.float32)
+            if store:
+                self.model.ordinal.cutpoints.copy_(cuts)
+            kwargs["cutpoints"] = cuts
+        elif self.fit_decision and self.problem_type == "multiclass":
+            bias = torch.as_tensor(fit_class_bias(torch.log_softmax(raw, 1).cpu().numpy(), y), dtype=torch.float32)
+            if store:
+                self.model.decision_bias.copy_(bias)
+            kwargs["decision_bias"] = bias
+        out = self.model.interpret(raw) if store or not kwargs else heads.interpret(
+            raw.cpu(), self.problem_type, **kwargs)
+        return compute_metrics(y, out.prediction.cpu().numpy(), self.problem_type, self.num_classes,
+                               None if out.proba is None else out.proba.cpu().numpy())
 
     def configure_optimizers(self) -> dict[str, Any]:
         # Plain Adam(W): works with ZeRO as a client optimizer (zero_allow_untested_optimizer) and needs no
         # JIT build, unlike DeepSpeed's CPU/Fused Adam (~160 s to compile).
-        decay, no_decay, text, codes = [], [], [], []
+        decay, no_decay = [], []
         for name, p in self.model.named_parameters():
-            if name.startswith("text."):
-                text.append(p)  # the linear text logit: its own pace and penalty
-            elif name.startswith("category_logit."):
-                codes.append(p)  # the per-code logits: their own pace and penalty
-            elif p.ndim <= 1 or isinstance(self.model.get_submodule(name.rsplit(".", 1)[0]),
-                                           torch.nn.Embedding | torch.nn.EmbeddingBag):
-                no_decay.append(p)  # biases, norms, embeddings and the ordinal thresholds
+            if p.ndim <= 1 or name.startswith(("text.", "category_logit.")) or isinstance(
+                    self.model.get_submodule(name.rsplit(".", 1)[0]), torch.nn.Embedding | torch.nn.EmbeddingBag):
+                # biases, norms, embeddings, the ordinal thresholds, and the wide logits (their members'
+                # own L2 is in the loss: _loss)
+                no_decay.append(p)
             else:
                 decay.append(p)
         groups = [{"params": decay, "weight_decay": self.hparams.weight_decay},
                   {"params": no_decay, "weight_decay": 0.0}]
-        if text:
-            # coupled L2 (the penalty's gradient 2 * text_l2 / rows * w enters Adam's moments), as the
-            # logistic regression's penalty; decoupled decay would shrink rare and frequent n-grams alike
-            groups.append({"params": text, "lr": self.hparams.lr * self.hparams.text_lr_multiplier,
-                           "weight_decay": 2 * self.hparams.text_l2 / max(1, self.hparams.train_rows),
-                           "decoupled_weight_decay": False})
-        if codes:
-            groups.append({"params": codes, "lr": self.hparams.lr * self.hparams.category_lr_multiplier,
-                           "weight_decay": 2 * self.hparams.category_l2 / max(1, self.hparams.train_rows),
-                           "decoupled_weight_decay": False})
         # an empty group (e.g. nothing decays in a text-only model) would be dropped by ZeRO, leaving the
-        # scheduler one group longer than the optimizer
-        # Adam with decoupled decay is AdamW; the text group overrides it with the coupled penalty
+        # scheduler one group longer than the optimizer; Adam with decoupled decay is AdamW
         optimizer = torch.optim.Adam([g for g in groups if g["params"]], lr=self.hparams.lr,
                                      decoupled_weight_decay=True)
         total = max(1, int(self.trainer.estimated_stepping_batches))

@@ -59,6 +59,29 @@ def ngrams(text: str, n: int) -> list[str]:
     return grams
 
 
+def _integer_valued(values: pd.Series) -> bool:
+    """Every cell a whole number (an integer column, or text of digits such as "15970")."""
+    numbers = pd.to_numeric(values, errors="coerce")
+    return bool(len(values)) and bool(numbers.notna().all()) and bool((numbers == numbers.round()).all())
+
+
+def _bin_edges(z: np.ndarray, n_bins: int, labels: np.ndarray | None, ordered: bool, min_rows: int) -> list[float]:
+    """Bin edges of one standardised input: a label-fitted tree's leaves, else quantiles; one bin when the
+    training rows hold a single value (nothing to split)."""
+    if len(np.unique(z)) < 2:
+        return [float(z.min(initial=0.0)) - 1.0, float(z.max(initial=0.0)) + 1.0]
+    n_bins = min(n_bins, len(z) - 1)  # compute_bins wants fewer bins than rows (a tiny table)
+    if labels is None or n_bins < 2:
+        return [float(e) for e in np.unique(np.quantile(z, np.linspace(0, 1, max(n_bins, 1) + 1)))]
+    from rtdl_num_embeddings import compute_bins
+
+    edges = compute_bins(torch.as_tensor(z[:, None], dtype=torch.float32), n_bins=n_bins,
+                         tree_kwargs={"min_samples_leaf": min_rows, "min_impurity_decrease": 1e-4},
+                         y=torch.as_tensor(labels, dtype=torch.float32 if ordered else torch.int64),
+                         regression=ordered)[0]
+    return [float(e) for e in edges]
+
+
 class PreprocessError(ValueError):
     """Input rows cannot be turned into features; the message names the row, column and fix."""
 
@@ -84,6 +107,10 @@ class Preprocessor:
     text_max_features: int = 1024  # distinct n-grams kept per row (the first ones)
     image_size: int = 64
     image_index: int = 0
+    # "values": numeric() gives the standardised values and the model embeds them over `numeric_bins`
+    # (rtdl_num_embeddings' piecewise-linear embeddings); "encodings" (format 2): the values, then each
+    # value's position within every bin, as model inputs
+    numeric_output: str = "encodings"
     image_mean: list[float] = field(default_factory=lambda: list(IMAGE_MEAN))
     image_std: list[float] = field(default_factory=lambda: list(IMAGE_STD))
     # fitted with the rest but loaded into the model, not saved here (see the module docstring)
@@ -94,11 +121,18 @@ class Preprocessor:
     def fit(
         cls, train: pd.DataFrame, schema: DatasetSchema, *, text_buckets: int, image_size: int, image_index: int,
         text_ngrams: int = 3, text_min_df: int = 2, text_max_features: int = 1024, numeric_bins: int = 16,
-        numeric_codes_max: int = 0,
+        numeric_codes_max: int = 0, labels: np.ndarray | None = None, ordered_labels: bool = False,
+        bin_min_rows: int = 8, id_as_number: bool = False, numeric_output: str = "encodings",
     ) -> Preprocessor:
         """Statistics from the training split only (never val/test: that would leak). A numerical column with
         at most `numeric_codes_max` distinct training values (a year, a count of a few kinds) also enters as
-        a code: each value gets its own embedding and logit, as trees split on each value."""
+        a code: each value gets its own embedding and logit, as trees split on each value.
+
+        With `labels`, each numeric input's bins are the leaves of a decision tree fitted to the training
+        labels (rtdl_num_embeddings.compute_bins: at most `numeric_bins` leaves of >= `bin_min_rows` rows;
+        a regression tree when `ordered_labels`), so bins are narrow where the label changes; without, its
+        quantiles. `id_as_number`: a row key whose training values are all integers also enters as a number
+        (catalogue numbers and listing ids often follow time, as a tree learner finds)."""
         columns = schema.columns
         missing = [c for c in (*columns.numerical, *columns.categorical, *columns.text) if c not in train.columns]
         if missing:
@@ -109,8 +143,12 @@ class Preprocessor:
         coded = [c for c in columns.numerical
                  if 1 < train[c].map(canonical).replace("", None).nunique() <= numeric_codes_max]
         categorical = [*columns.categorical, *coded]
+        numerical = list(columns.numerical)
+        if id_as_number and schema.id and schema.id in train.columns and schema.id not in numerical \
+                and _integer_valued(train[schema.id]):
+            numerical.append(schema.id)
         pre = cls(
-            numeric_columns=[*columns.numerical, *(c + FREQUENCY_SUFFIX for c in schema.frequency)],
+            numeric_columns=[*numerical, *(c + FREQUENCY_SUFFIX for c in schema.frequency)],
             numeric_mean=[], numeric_std=[], numeric_bins=[],
             categorical_columns=categorical,
             vocabularies={c: [str(v) for v in sort_classes(train[c].map(canonical))]
@@ -121,7 +159,7 @@ class Preprocessor:
                               for c in schema.frequency},
             text_columns=list(columns.text), image_columns=list(columns.image),
             text_buckets=text_buckets, text_ngrams=text_ngrams, text_max_features=text_max_features,
-            image_size=image_size, image_index=image_index,
+            image_size=image_size, image_index=image_index, numeric_output=numeric_output,
         )
         values = pre._numeric_values(train, in_train=True)
         pre.numeric_log = [bool(np.nanmin(values[:, j], initial=0.0) >= 0) for j in range(values.shape[1])]
@@ -132,7 +170,7 @@ class Preprocessor:
         # a constant column would divide by zero: leave it unscaled (std 1)
         pre.numeric_std = [float(v) if v > 1e-12 else 1.0 for v in std]
         z = (np.where(np.isnan(raw), mean, raw) - mean) / np.asarray(pre.numeric_std)
-        pre.numeric_bins = [[float(e) for e in np.unique(np.quantile(z[:, j], np.linspace(0, 1, numeric_bins + 1)))]
+        pre.numeric_bins = [_bin_edges(z[:, j], numeric_bins, labels, ordered_labels, bin_min_rows)
                             for j in range(z.shape[1])]
         pre.text_tables = pre._fit_text(train, text_min_df) if pre.text_columns else None
         return pre
@@ -175,7 +213,9 @@ class Preprocessor:
 
     @property
     def n_numeric(self) -> int:
-        """Numeric inputs of the model: the standardised values, then every piecewise-linear bin."""
+        """Numeric inputs of the model: the standardised values, then (encodings) every piecewise-linear bin."""
+        if self.numeric_output == "values":
+            return len(self.numeric_columns)
         return len(self.numeric_columns) + sum(len(e) - 1 for e in self.numeric_bins)
 
     @property
@@ -221,6 +261,8 @@ class Preprocessor:
         raw = np.where(np.isnan(raw), mean, raw)  # a missing value becomes the train mean
         z = (raw - mean) / std
         parts = [z]
+        if self.numeric_output == "values":
+            return torch.from_numpy(z.astype(np.float32))
         for j, edges in enumerate(self.numeric_bins):
             low, high = np.asarray(edges[:-1]), np.asarray(edges[1:])
             parts.append(np.clip((z[:, j : j + 1] - low) / np.maximum(high - low, 1e-9), 0.0, 1.0))

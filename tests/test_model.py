@@ -436,28 +436,77 @@ def test_a_model_of_the_earlier_format_still_loads_and_predicts(validated: Path,
         upgrade_config({**v1, "format_version": 9})
 
 
-def test_the_text_penalty_shrinks_the_text_table_as_logistic_regression_does(validated: Path,
-                                                                             pre: Preprocessor) -> None:
-    """text_l2 is a coupled L2 penalty on the text table only (its gradient goes through Adam's moments),
-    scaled per training row as logistic regression's 1 / (2 C); the other groups keep their AdamW decay."""
+def test_each_member_penalises_its_own_wide_text_columns_as_logistic_regression_does(validated: Path,
+                                                                                     pre: Preprocessor) -> None:
+    """A member's text_l2 is a coupled L2 penalty (in the loss, per training row as logistic regression's
+    1 / (2 C)) on that member's columns of the text table only; the body keeps its AdamW decay."""
     import lightning.pytorch as pl
 
     from fusion_model.data import FusionDataModule
     from fusion_model.module import FusionModule
 
-    def trained(text_l2: float) -> tuple[float, list[dict]]:
-        torch.manual_seed(0)
-        module = FusionModule({**_kwargs(pre), "modalities": ["text", "tabular"]}, lr=5e-2, weight_decay=0.01,
-                              text_l2=text_l2, train_rows=48)
-        module.model.text.load_tables(**pre.text_tables)
-        trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=3, logger=False, enable_checkpointing=False,
-                             enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
-        trainer.fit(module, datamodule=FusionDataModule(ValidatedData.read(validated), pre, batch_size=8))
-        return float(module.model.text.bag.weight.norm()), trainer.optimizers[0].param_groups
-
-    free, groups = trained(0.0)
-    penalised, groups_l2 = trained(20.0)
+    torch.manual_seed(0)
+    kwargs = {**_kwargs(pre), "modalities": ["text", "tabular"], "fusion": "tabm", "ensemble_size": 4,
+              "member_text_scale": [1.0, 1.0], "member_category_scale": [1.0, 1.0]}
+    module = FusionModule(kwargs, lr=5e-2, weight_decay=0.01, text_l2=[0.0, 20.0], category_l2=[0.0, 0.0],
+                          train_rows=48)
+    module.model.text.load_tables(**pre.text_tables)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=3, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+    trainer.fit(module, datamodule=FusionDataModule(ValidatedData.read(validated), pre, batch_size=8))
+    weight = module.model.text.bag.weight  # [n-grams, members * width], member-major
+    width = module.model.width
+    free, penalised = float(weight[:, :width].norm()), float(weight[:, width:].norm())
     assert 0 < penalised < 0.5 * free
-    text_group = next(g for g in groups_l2 if any(p.shape[0] == pre.text_vocab_size for p in g["params"]))
-    assert text_group["decoupled_weight_decay"] is False and text_group["weight_decay"] == pytest.approx(2 * 20 / 48)
-    assert [g["decoupled_weight_decay"] for g in groups_l2 if g is not text_group] == [True, True, False]
+    groups = trainer.optimizers[0].param_groups
+    assert [g["weight_decay"] for g in groups] == [0.01, 0.0] and all(g["decoupled_weight_decay"] for g in groups)
+    assert any(p is module.model.text.bag.weight for p in groups[1]["params"])  # no decay on top of the L2
+
+
+def test_greedy_selection_gives_a_lone_best_member_every_pick_and_mixes_complementary_ones() -> None:
+    from fusion_model.ensemble import greedy_weights
+
+    assert greedy_weights(3, lambda w: float((w - torch.tensor([0.0, 1.0, 0.0])).abs().sum())).tolist() == [0, 1, 0]
+    # two members each right on half the rows: their even mix is best
+    mixed = greedy_weights(2, lambda w: float((w[0] - 0.5) ** 2 + (w[1] - 0.5) ** 2), rounds=10)
+    assert mixed.tolist() == [0.5, 0.5]
+
+
+def test_a_tabm_network_mixes_its_members_heads_into_one_prediction(validated: Path, pre: Preprocessor) -> None:
+    """fusion tabm: k heads over one body, split among the members; the prediction is the members'
+    probabilities mixed by member_weights, each member the mean of its heads."""
+    torch.manual_seed(0)
+    model = FusionModel(**{**_kwargs(pre), "fusion": "tabm", "ensemble_size": 4,
+                           "member_text_scale": [1.0, 15.0], "member_category_scale": [1.0, 5.0]}).eval()
+    batch = _batch(validated, pre)
+    heads_raw = model.head_outputs(batch)
+    assert heads_raw.shape == (8, 4, 2) and model.head_member.tolist() == [0, 1, 0, 1]
+    model.member_weights.copy_(torch.tensor([0.0, 1.0]))
+    second = torch.softmax(heads_raw[:, [1, 3]], -1).mean(1)
+    torch.testing.assert_close(torch.softmax(model(batch), -1), second)
+    assert "member_weights" in model.state_dict() and "head_member" not in model.state_dict()
+
+
+def test_a_wide_key_of_the_earlier_layout_is_refused_with_where_it_moved() -> None:
+    from pydantic import ValidationError
+
+    from fusion_model.config import TrainConfig
+
+    with pytest.raises(ValidationError, match=r"train.text_l2, train.text_lr_multiplier moved into train.members"):
+        TrainConfig(text_l2=1.0, text_lr_multiplier=15)
+    with pytest.raises(ValidationError, match="members but fusion mlp has one head"):
+        TrainConfig(fusion="mlp")
+    assert TrainConfig(fusion="mlp", members=[{"text_l2": 1.0}]).members[0].text_l2 == 1.0
+
+
+def test_bins_follow_the_labels_and_fit_a_table_smaller_than_the_bin_count() -> None:
+    from fusion_model.preprocess import _bin_edges
+
+    z = np.linspace(-1, 1, 200)
+    labels = (z > 0.3).astype(np.int64)  # one informative cut
+    edges = _bin_edges(z, 64, labels, ordered=False, min_rows=8)
+    assert edges[0] == pytest.approx(-1) and edges[-1] == pytest.approx(1)
+    assert any(abs(e - 0.3) < 0.02 for e in edges) and len(edges) < 10  # the tree's cut, few bins
+    tiny = _bin_edges(z[:32], 64, labels[:32], ordered=False, min_rows=8)  # 32 rows, 64 bins asked
+    assert len(tiny) >= 2 and tiny == sorted(tiny)
+    assert _bin_edges(np.zeros(5), 64, None, ordered=False, min_rows=8) == [-1.0, 1.0]  # one value: one bin

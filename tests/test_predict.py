@@ -62,3 +62,33 @@ def test_image_path_escaping_the_root_is_refused(tiny_model_chain, tmp_path: Pat
     message = str(err.value)
     assert f"row {bad_row}," in message and "'..'" in message and "../outside.jpg" in message
     assert message.count("row ") == 1  # only the bad row is named
+
+
+def test_the_ensemble_is_one_converted_file_that_predicts_alone(tiny_model_chain, tmp_path: Path) -> None:
+    """params.yaml's fusion: a TabM ensemble split among the portfolio's members, converted once; the
+    member weights validation chose travel in the file, and the folder alone predicts (no checkpoint)."""
+    import json
+    import shutil
+
+    import torch
+
+    chain = tiny_model_chain
+    moved = tmp_path / "model"
+    shutil.copytree(chain.trained, moved)
+    assert sorted(p.name for p in moved.glob("*.safetensors")) == ["model.safetensors"]
+    predictor = Predictor.load(moved)
+    model = predictor.model
+    assert model.fusion == "tabm" and model.k >= model.members >= 2
+    summary = json.loads((chain.trained.parents[1] / "checkpoints/train_summary.json").read_text())
+    weights = model.member_weights.clone()
+    assert [m["weight"] for m in summary["portfolio"]["members"]] == pytest.approx(weights.tolist())
+    assert summary["portfolio"]["chosen"] == int(weights.argmax())
+    rows = read_rows_csv(_new_rows(chain, tmp_path))
+    proba = predictor.predict_proba(rows, chain.images_root)
+    alone = []
+    for m in range(model.members):  # each member alone; the prediction mixes their probabilities
+        model.member_weights.copy_(torch.nn.functional.one_hot(torch.tensor(m), model.members).float())
+        alone.append(predictor.predict_proba(rows, chain.images_root))
+    mixed = sum(w * a for w, a in zip(weights.tolist(), alone, strict=True))
+    np.testing.assert_allclose(proba, mixed, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(alone[0], alone[1])  # the members differ: their wide logits train apart

@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -67,6 +68,8 @@ class TrainSummary(BaseModel):
     fit_wall_s: float
     best_epoch: int | None = None
     stopped_early: bool = False
+    # the members of the kept epoch: settings, validation score alone, weight in the mix (fusion_model/fit.py)
+    portfolio: dict[str, Any] | None = None
     wall_s: float | None = None  # launch to exit, start-up included
     out_dir: str | None = None
     curves: str | None = None  # the PNG of loss and validation metric per epoch
