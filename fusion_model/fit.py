@@ -147,7 +147,10 @@ def gathered_fp32_state(trainer: Any, module: Any) -> dict[str, torch.Tensor] | 
                 with deepspeed.zero.GatheredParameters([param], modifier_rank=None):
                     full = param.detach().clone()
             state[name] = full.detach().float().cpu().clone()
+        persistent = set(model.state_dict())  # a non-persistent buffer (a constant rebuilt by __init__) stays out
         for name, buf in model.named_buffers():
+            if name not in persistent:
+                continue
             state[name] = buf.detach().cpu().clone() if not buf.is_floating_point() else buf.detach().float().cpu()
     else:
         state = {k: (v.detach().float() if v.is_floating_point() else v.detach()).cpu().clone()
