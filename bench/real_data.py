@@ -3,14 +3,15 @@
     python bench/real_data.py                                  # every dataset of ../shared
     python bench/real_data.py --dataset fashion-season         # one of DATASETS (repeatable)
     python bench/real_data.py --csv FILE_OR_FOLDER --label-kind binary   # your own PetFinder file
+    python bench/real_data.py --peer                           # ... beside AutoGluon-Tabular on the same split
 
 Runs download (source: local) -> validate -> train -> convert -> evaluate with params.yaml's defaults and
 only the `dataset:` section (and download.local's paths) changed, every path inside --work, and prints
 the test metrics of the fusion model and of the baseline fitted in the same evaluation, the per-modality
 ablation and the stage times; `--modalities` also trains each single-modality model of the same
 architecture. `--through dvc` / `--through flow` instead runs the whole pipeline as a user would: a git
-clone of the project (its last commit) under --work, params.yaml's `dataset:`, `download.local` and `train`
-keys edited there, then `dvc repro` / `python -m flows.retrain` in it; the same seeds give the same numbers
+clone of the project (its last commit) under --work, params.yaml's `dataset:` and `download.local`
+edited there, then `dvc repro` / `python -m flows.retrain` in it; the same seeds give the same numbers
 as the stages run here. Results go to bench/results/real_data.json. Never copies the real files into the project.
 """
 
@@ -41,10 +42,8 @@ def shared_dir() -> Path:
 
 
 def datasets(shared: Path) -> dict[str, dict[str, Any]]:
-    """name -> {"dataset": params.yaml dataset section, "local": download.local keys, "train": train keys
-    beside params.yaml's}: what a user writes (README, "Real datasets")."""
-    # text-led tables: the text table learns at LR's pace under LR's penalty (README, "Real datasets")
-    text_led = {"text_lr_multiplier": 15, "text_l2": 1.0}
+    """name -> {"dataset": params.yaml dataset section, "local": download.local keys}: what a user writes
+    (README, "Real datasets"); no table sets a train key."""
     reviews_inputs = {"text": ["Title", "Review Text"],
                       "categorical": ["Clothing ID", "Division Name", "Department Name", "Class Name"],
                       "numerical": ["Age", "Positive Feedback Count"]}
@@ -62,20 +61,17 @@ def datasets(shared: Path) -> dict[str, dict[str, Any]]:
                                     "categorical": ["gender", "masterCategory", "subCategory", "articleType",
                                                     "baseColour", "usage"],
                                     "numerical": ["year"]}},
-            "local": {"path": str(shared / "fashion/styles.csv"), "images_dir": str(shared / "fashion")},
-            # strong codes and photos learned from scratch: each deep modality gets a head of its own
-            "train": {"category_lr_multiplier": 5, "aux_loss_weight": 0.5, "numeric_codes_max": 32,
-                      "text_lr_multiplier": 5, "text_l2": 1.0, "category_l2": 1.0}},
+            "local": {"path": str(shared / "fashion/styles.csv"), "images_dir": str(shared / "fashion")}},
         "reviews-recommended": {
             "dataset": {"preset": None, "id": None,
                         "label": {"column": "Recommended IND", "problem_type": "binary"},
                         "columns": reviews_inputs, "frequency": ["Clothing ID"]},
-            "local": {"path": str(shared / "womens_clothing/reviews.csv")}, "train": text_led},
+            "local": {"path": str(shared / "womens_clothing/reviews.csv")}},
         "reviews-rating": {
             "dataset": {"preset": None, "id": None,
                         "label": {"column": "Rating", "problem_type": "ordinal"},
                         "columns": reviews_inputs, "frequency": ["Clothing ID"]},
-            "local": {"path": str(shared / "womens_clothing/reviews.csv")}, "train": {**text_led, "max_epochs": 4}},
+            "local": {"path": str(shared / "womens_clothing/reviews.csv")}},
     }
 
 
@@ -148,6 +144,19 @@ def run_project(name: str, spec: dict[str, Any], work: Path, through: str) -> di
             "through": through, "seconds": {through: seconds}}
 
 
+def peer_side(result: dict[str, Any], validated: Path) -> dict[str, Any]:
+    """AutoGluon-Tabular on the very split of this run (bench/peer/runner.py; cached by the split's sha256)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from peer.runner import fit
+
+    got = fit(validated, ROOT / "bench" / "results" / "peer")
+    if got.metric != result["metric"]:
+        raise SystemExit(f"the peer scored {got.metric}, the network {result['metric']}: bench/peer/runner.py is stale")
+    ratio = result["fusion"] / got.score if got.score else float("nan")
+    return {"score": got.score, "ratio": round(ratio, 4), "fit_wall_s": got.fit_wall_s, "cached": got.cached,
+            "best_model": got.best_model}
+
+
 def single_modalities(spec: dict[str, Any], work: Path, result: dict[str, Any]) -> dict[str, float]:
     """The best validation score of each single-modality model of the same architecture and settings,
     beside the fusion model's (the train stage with `modalities` set; the same validated rows)."""
@@ -173,6 +182,9 @@ def main() -> int:
                         help="with --csv: binary AUC, 0-4 QWK (multiclass is read as ordinal), or both")
     parser.add_argument("--work", type=Path, default=Path("/tmp/real_data_bench"))
     parser.add_argument("--modalities", action="store_true", help="also train each single-modality model")
+    parser.add_argument("--peer", action="store_true",
+                        help="also fit AutoGluon-Tabular (bench/peer, its own venv) on the same split: both scores, "
+                             "their ratio and each one's wall time")
     parser.add_argument("--through", choices=["stages", "dvc", "flow"], default="stages",
                         help="stages: each stage here; dvc / flow: `dvc repro` / the retrain flow in a project clone")
     args = parser.parse_args()
@@ -200,6 +212,8 @@ def main() -> int:
             r = run(name, spec, args.work / name)
         else:
             r = run_project(name, spec, args.work / f"{name}-{args.through}", args.through)
+        if args.peer and args.through == "stages":
+            r["peer"] = peer_side(r, args.work / name / "validated")
         if args.modalities and args.through == "stages":
             r["single_modality_val"] = single_modalities(spec, args.work / name, r)
         results.append(r)
@@ -208,6 +222,10 @@ def main() -> int:
         print("  ablation (masked -> score, drop): " + ", ".join(
             f"{m} {e['score']:.4f} ({e['drop']:+.4f})" for m, e in r["ablation"].items()))
         print("  seconds: " + ", ".join(f"{k} {v}" for k, v in r["seconds"].items()), flush=True)
+        if "peer" in r:
+            p = r["peer"]
+            print(f"  AutoGluon-Tabular {p['score']:.4f}: network / peer {p['ratio']:.3f}; wall train "
+                  f"{r['seconds']['train']} s vs peer fit {p['fit_wall_s']} s ({p['best_model']})", flush=True)
         if "single_modality_val" in r:
             print("  best validation score per model: " + ", ".join(
                 f"{m} {v:.4f}" for m, v in r["single_modality_val"].items()), flush=True)
