@@ -5,7 +5,7 @@ The first tests need no root: the checks of the hosts list, the node command, th
 share one lab (tests/netns_hosts.py, root only) and run, in order: ZeRO-2 across both hosts (every
 listener sampled; the model against two ranks on one host), a damaged and a missing shard at conversion,
 ZeRO-3 across both hosts, a host that never joins, a host killed mid-training. Tiny parameters
-(project_copy.TINY: 120 rows, one epoch, test_resnet at 32 px).
+(project_copy.TINY: 400 rows, one epoch, test_resnet at 32 px).
 """
 
 from __future__ import annotations
