@@ -29,6 +29,7 @@ from fusion_model.callbacks import ProgressPrinter, SameFolderOnEveryHost, Throu
 from fusion_model.config import TrainConfig, processes_per_node
 from fusion_model.data import FusionDataModule, ValidatedData
 from fusion_model.dataset import row_images
+from fusion_model.files import write_json
 from fusion_model.layout import (
     BEST_CHECKPOINT,
     LAST_CHECKPOINT,
@@ -42,10 +43,9 @@ from fusion_model.loopback import bind_stores_to_master_addr
 from fusion_model.metrics import greater_is_better
 from fusion_model.module import FusionModule, balanced_class_weight, metric_name, monitor_mode
 from fusion_model.preprocess import Preprocessor
+from fusion_model.processes import die_with_parent
 from fusion_model.safe_load import check_checkpoint
 from fusion_model.strategies import build_strategy
-from tasks._io.files import write_json
-from tasks._io.processes import die_with_parent
 
 # Validation metrics are computed on every rank from the same gathered rows, so they need no reduction;
 # the per-epoch training loss is each rank's own (an all-reduce per step costs more than it tells).
