@@ -250,7 +250,8 @@ class DatasetParams(_Section):
     """params.yaml `dataset:` as written: a preset and/or explicit keys (fusion_model/dataset.py). Every
     stage reads the resolved schema (`.schema`); a null key keeps the preset's value."""
 
-    preset: str | None = Field("petfinder", description="a preset fills every key not given; null: all given here")
+    preset: str | None = Field("petfinder", description="a preset fills every key not given; null: all given here. "
+                               "Unset beside columns of the section's own: null (a preset applies only when named)")
     id: str | None = Field(None, description="unique row key; null: the file's index column, else the row number")
     label: DatasetLabelParams | None = None
     columns: DatasetColumnsParams | None = None
@@ -268,7 +269,8 @@ class DatasetParams(_Section):
     @property
     def schema(self) -> DatasetSchema:
         declared = self.model_dump(mode="json", exclude_unset=True)
-        declared.setdefault("preset", self.preset)
+        # a section with columns of its own describes another table: a preset applies only when named
+        declared.setdefault("preset", None if declared.get("columns") else self.preset)
         return resolve_schema(declared)
 
 
@@ -318,6 +320,8 @@ def load_params(path: str | Path = "params.yaml", overrides: dict[str, Any] | No
     except yaml.YAMLError as e:
         raise ParamsError(f"{path}: not valid YAML ({e}); fix the syntax at the line shown") from None
     for section, values in (overrides or {}).items():
+        if section == "dataset" and values.get("columns") and "preset" not in values:
+            values = {"preset": None, **values}  # another table's columns: the file's preset does not apply
         raw.setdefault(section, {}).update(values)
     try:
         return Params.model_validate(raw)

@@ -236,3 +236,23 @@ def test_a_regression_label_is_a_number_in_every_row(products: Path, tmp_path: P
     frame.to_csv(train)
     with pytest.raises(ValidationError, match="column 'price': expected the label is a number"):
         _validate(tmp_path / "raw", tmp_path, priced)
+
+
+def test_a_section_with_its_own_columns_does_not_inherit_the_default_preset(tmp_path: Path) -> None:
+    """Written without `preset:` (the whole section replaced) or given as an override beside the file's
+    `preset: petfinder`, another table's columns get no PetFinder id pattern, bounds or columns."""
+    own = {k: v for k, v in PRODUCTS.items() if k != "preset"}
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["dataset"] = own
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    for loaded in (load_params(tmp_path / "params.yaml"), load_params(ROOT / "params.yaml", {"dataset": own})):
+        schema = loaded.dataset.schema
+        assert schema.preset is None and schema.id == "sku" and schema.checks.id_pattern is None
+        assert schema.columns.numerical == ["price", "year"] and not schema.checks.bounds
+    # naming the preset keeps it (its checks of the columns still declared apply)
+    named = load_params(ROOT / "params.yaml", {"dataset": {"preset": "petfinder", "columns": {
+        "numerical": ["Age", "Fee"]}}}).dataset.schema
+    assert named.preset == "petfinder" and set(named.checks.bounds) == {"Age", "Fee"}
+    # a section without columns is the default table's
+    assert load_params(ROOT / "params.yaml", {"dataset": {"label": {"problem_type": "ordinal"}}}
+                       ).dataset.schema.preset == "petfinder"
