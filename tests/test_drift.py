@@ -310,7 +310,9 @@ def tables(generated: dict, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     out = {"reference": raw / "train.csv", "same": raw / "test.csv", "older": folder / "older.csv",
            "damaged": folder / "damaged.csv", "speeds": folder / "speeds.csv", "few": folder / "few.csv",
            "empty": folder / "empty.csv", "other": folder / "other.csv", "codes": folder / "codes.csv",
-           "words": folder / "words.csv", "ages": folder / "ages.csv", "fees": folder / "fees.csv"}
+           "words": folder / "words.csv", "ages": folder / "ages.csv", "fees": folder / "fees.csv",
+           "no_fee": folder / "no_fee.csv"}
+    test.drop(columns=["Fee"]).to_csv(out["no_fee"])
     codes.to_csv(out["codes"])
     words.to_csv(out["words"])
     test[["Age"]].to_csv(out["ages"])
@@ -361,6 +363,9 @@ def test_cli_exit_1_for_a_drifted_batch_with_passed_first(tables: dict[str, Path
     ("reference", "words", (), r"words\.csv: column 'Gender' has 2 cell\(s\) that are not codes like the others "
                                r"\(row 1: 'male', row 2: 'female'\)"),
     ("ages", "fees", (), r"ages\.csv and .*fees\.csv share none of the dataset's columns"),
+    ("reference", "no_fee", (), r"no_fee\.csv: column\(s\) 'Fee' that params\.yaml dataset: declares are not in its "
+                                r"header \(--batch\); nothing was compared"),
+    ("no_fee", "same", (), r"no_fee\.csv: column\(s\) 'Fee' .* \(--reference\)"),
     ("reference", "same", ("--params", "/nonexistent/params.yaml"), r"no such params file"),
 ])
 def test_cli_exit_2_for_bad_input_naming_the_file_and_the_fix(

@@ -6,7 +6,8 @@ ignored); the columns are compared by role, as params.yaml's `dataset:` section 
 JSON, else a `passed: true|false` line, the columns that drifted, then the markdown report.
 
 Exit status: 0 passed (a warning included), 1 drifted, 2 bad input (a message on stderr naming the file,
-the column, the row (data rows counted from 1, after the header) and the fix).
+the column, the row (data rows counted from 1, after the header) and the fix), a declared input column
+missing from either table included.
 """
 
 from __future__ import annotations
@@ -134,6 +135,12 @@ def run(reference: Path, batch: Path, schema: DatasetSchema, thresholds: DriftGa
     if not compared:
         raise DriftInputError(f"{reference} and {batch} share none of the dataset's columns "
                               f"({', '.join(columns.names)}); pass two tables of the same dataset.")
+    inputs = [*columns.numeric, *columns.categorical, *columns.text_length]  # the label may be absent (unlabelled)
+    for path, table, option in ((reference, ref, "--reference"), (batch, new, "--batch")):
+        if absent := [c for c in inputs if c not in table.columns]:
+            raise DriftInputError(f"{path}: column(s) {', '.join(map(repr, absent))} that params.yaml dataset: declares "
+                                  f"are not in its header ({option}); nothing was compared. Export the table with "
+                                  "every declared column, or remove the column from dataset.columns.")
     return drift_gate(ref, new, columns, thresholds)
 
 
