@@ -15,6 +15,7 @@ import stat
 from collections.abc import Iterable
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 from PIL import Image
@@ -262,8 +263,10 @@ def missing_columns(df: pd.DataFrame, required: Iterable[str]) -> list[str]:
 
 
 def check_prediction_rows(df: pd.DataFrame, images_root: str | os.PathLike[str], schema: DatasetSchema,
-                          workers: int = 1) -> None:
+                          workers: int = 1, source: str | os.PathLike[str] | None = None) -> None:
     """Refuse rows a trained model cannot score: raise ValueError naming row, column or file, and the fix.
+    `source`: the file the rows were read from; a row is then also named by its 1-based data line (after
+    the header) and, where the rows have it, its id.
 
     `df` holds new rows without the label (a label column is ignored); `images_root` is the folder the image
     paths are relative to. The validation suite's per-row rules (required values, numbers, code sets,
@@ -274,23 +277,32 @@ def check_prediction_rows(df: pd.DataFrame, images_root: str | os.PathLike[str],
     missing = missing_columns(df, needed)
     if missing:
         raise ValueError(
-            f"prediction rows lack required column(s) {missing}; add them (the model was trained on the columns "
+            f"{source if source is not None else 'prediction rows'}: lack required column(s) {missing}; add them (the model was trained on the columns "
             f"{needed}, image cells as ';'-separated relative paths)"
         )
     if df.empty:
-        raise ValueError("no rows to predict: pass a DataFrame with at least one row")
+        raise ValueError(f"{source}: a header and no rows: there is nothing to predict; pass a CSV with at least one "
+                         "data line" if source is not None else "no rows to predict: pass a DataFrame with at least one row")
+    position = {idx: i for i, idx in enumerate(df.index)} if source is not None else {}
+
+    def row(idx: Any) -> str:
+        if source is None:
+            return f"row {idx!r}"
+        key = f", {schema.id} {df.at[idx, schema.id]!r}" if schema.id and schema.id in df.columns else ""
+        return f"{source} data line {position[idx] + 1} (index {idx!r}{key})"
+
     problems: list[str] = []
     reasons = tabular_problems(df, schema)
     for col in reasons.columns:
         for idx, why in reasons[col][reasons[col] != ""].items():
             value = df.at[idx, col]
             value = value.item() if hasattr(value, "item") else value  # numpy scalar -> plain repr
-            problems.append(f"row {idx!r}, column '{col}': value {value!r} is {why}")
+            problems.append(f"{row(idx)}, column '{col}': value {value!r} is {why}")
     if schema.columns.image:
         img = check_images(image_cells(df, schema.columns.image), Path(images_root), workers=workers)
         bad_img = ~img[list(IMAGE_CHECK_COLUMNS)].fillna(True).all(axis=1)
         for idx, text in img.loc[bad_img, IMAGE_ISSUE].items():
-            problems.append(f"row {idx!r}, file {text}")
+            problems.append(f"{row(idx)}, file {text}")
     if problems:
         shown = "\n  ".join(problems[:20])
         more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""

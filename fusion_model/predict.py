@@ -99,16 +99,18 @@ class Predictor:
             ) from None
         return cls(model.float(), config)
 
-    def _check_rows(self, df: pd.DataFrame, images_root: Path) -> None:
+    def _check_rows(self, df: pd.DataFrame, images_root: Path, source: str | Path | None = None) -> None:
         from fusion_model.checks import check_prediction_rows
 
-        check_prediction_rows(df, images_root, self.schema)
+        check_prediction_rows(df, images_root, self.schema, source=source)
 
     @torch.inference_mode()
     def predict_outputs(
         self, df: pd.DataFrame, images_root: str | Path, drop_modalities: Iterable[str] = (), batch_size: int = 256,
+        source: str | Path | None = None,
     ) -> Predictions:
-        """Predictions for `df` (rows of the training columns; a label column is ignored).
+        """Predictions for `df` (rows of the training columns; a label column is ignored). `source`: the file
+        the rows came from, named (with the 1-based data line) in a refusal.
 
         ``drop_modalities`` zeroes those modalities' contributions (the ablation of the evaluate stage).
         """
@@ -119,7 +121,7 @@ class Predictor:
         if unknown:
             raise PredictError(f"cannot drop {sorted(unknown)}: modalities are {list(MODALITIES)}")
         images_root = Path(images_root)
-        self._check_rows(df, images_root)
+        self._check_rows(df, images_root, source)
         dataset = FusionDataset(df, self.pre, images_root)
         loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=_collate)
         batches: Iterable[dict[str, torch.Tensor]] = loader
@@ -139,11 +141,12 @@ class Predictor:
         assert out.proba is not None
         return out.proba
 
-    def predict(self, df: pd.DataFrame, images_root: str | Path, batch_size: int = 256) -> pd.DataFrame:
+    def predict(self, df: pd.DataFrame, images_root: str | Path, batch_size: int = 256,
+                source: str | Path | None = None) -> pd.DataFrame:
         """One row per input row (same index): the id column (when the rows have it), the prediction (a class,
         or a value in the label's unit), the ordinal score (expected class index) and one probability column
         per class (classification)."""
-        out = self.predict_outputs(df, images_root, batch_size=batch_size)
+        out = self.predict_outputs(df, images_root, batch_size=batch_size, source=source)
         return prediction_frame(out, self.problem_type, self.classes, df.index,
                                 ids=df[self.schema.id] if self.schema.id and self.schema.id in df.columns else None,
                                 id_column=self.schema.id)
@@ -208,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         predictor = Predictor.load(args.model)
         df = read_rows_csv(args.csv, predictor.schema.columns.text)
-        preds = predictor.predict(df, args.images_root, batch_size=args.batch_size)
+        preds = predictor.predict(df, args.images_root, batch_size=args.batch_size, source=args.csv)
     except ValueError as e:  # PredictError, PreprocessError and the row checks' errors
         print(f"error: predict: {e}", file=sys.stderr)
         return 1

@@ -64,6 +64,23 @@ def test_image_path_escaping_the_root_is_refused(tiny_model_chain, tmp_path: Pat
     assert message.count("row ") == 1  # only the bad row is named
 
 
+def test_the_cli_names_the_file_its_data_line_and_the_id(tiny_model_chain, tmp_path: Path) -> None:
+    chain = tiny_model_chain
+    rows = read_rows_csv(_new_rows(chain, tmp_path)).head(6).copy()
+    rows.iloc[3, rows.columns.get_loc("Images")] = "../outside.jpg"  # the 4th data line of the file
+    bad = tmp_path / "bad.csv"
+    rows.to_csv(bad)
+    header_only = tmp_path / "header_only.csv"
+    rows.iloc[:0].to_csv(header_only)
+    for path, expected in ((bad, f"{bad} data line 4 (index {int(rows.index[3])!r}, PetID {rows['PetID'].iloc[3]!r})"),
+                           (header_only, f"{header_only}: a header and no rows")):
+        done = subprocess.run([sys.executable, "-m", "fusion_model.predict", "--model", str(chain.trained), "--csv",
+                               str(path), "--images-root", str(chain.images_root), "--out", str(tmp_path / "p.csv")],
+                              cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 1 and expected in done.stderr, done.stderr
+    assert not (tmp_path / "p.csv").exists()
+
+
 def test_the_ensemble_is_one_converted_file_that_predicts_alone(tiny_model_chain, tmp_path: Path) -> None:
     """params.yaml's fusion: a TabM ensemble split among the portfolio's members, converted once; the
     member weights validation chose travel in the file, and the folder alone predicts (no checkpoint)."""
