@@ -236,6 +236,14 @@ def test_a_regression_label_is_a_number_in_every_row(products: Path, tmp_path: P
     frame.to_csv(train)
     with pytest.raises(ValidationError, match="column 'price': expected the label is a number"):
         _validate(tmp_path / "raw", tmp_path, priced)
+    # a column of words declared as a regression label: the type that fits is named, not "fill every cell"
+    worded = {**PRODUCTS, "label": {"column": "season", "problem_type": "regression"}}
+    _download(products, tmp_path / "worded", worded)
+    with pytest.raises(ValidationError, match=r"column 'season': declared a regression label, but 128 of 128 filled "
+                                              r"cell\(s\) are not numbers .* set dataset.label.problem_type to "
+                                              r"multiclass") as refused:
+        _validate(tmp_path / "worded", tmp_path, worded)
+    assert "fill every" not in str(refused.value)
 
 
 def test_a_section_with_its_own_columns_does_not_inherit_the_default_preset(tmp_path: Path) -> None:

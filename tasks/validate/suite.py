@@ -128,12 +128,12 @@ def expectation_specs(schema: DatasetSchema, seen_codes_mostly: float = SEEN_COD
             add("ExpectColumnValuesToBeBetween", f"plausible value {low:g}..{high:g}",
                 f"correct '{col}' (outside the bounds of dataset.checks.bounds)", column=col, min_value=low,
                 max_value=high)
-    add("ExpectColumnValuesToNotBeNull", "a label in every row", f"fill every '{label.column}' cell",
-        column=label.column)
-    if label.problem_type == "regression":
+    if label.problem_type == "regression":  # one check: a word is not a missing label, and says so
         add("ExpectColumnValuesToBeInSet", "the label is a number", f"write a number in every '{label.column}' cell",
             column=IS_NUMBER + label.column, value_set=[True])
     else:
+        add("ExpectColumnValuesToNotBeNull", "a label in every row", f"fill every '{label.column}' cell",
+            column=label.column)
         add("ExpectColumnValuesToBeInSet", "label among the classes of the training rows",
             "use labels of the training table's classes, or list them in dataset.label.classes",
             column=label.column, value_set={"$PARAMETER": LABEL_SET_PARAM})

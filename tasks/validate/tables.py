@@ -128,6 +128,21 @@ class LabelRule:
         return text
 
 
+def _refuse_words_as_numbers(cells: pd.Series, where: str) -> None:
+    """A regression label whose filled cells are mostly words is another problem type, not missing values:
+    say which type fits (a few bad cells are left to the suite, which names their rows)."""
+    filled = cells[cells.str.strip() != ""]
+    words = filled[checks.not_a_number(filled)]
+    if len(filled) == 0 or len(words) * 2 <= len(filled):
+        return
+    distinct = filled.map(canonical).nunique()
+    fits = "binary" if distinct == 2 else "multiclass (or ordinal, listing the order in dataset.label.classes)"
+    examples = ", ".join(repr(v) for v in words.unique()[:3])
+    raise StageError(f"{where}: declared a regression label, but {len(words)} of {len(filled)} filled cell(s) are "
+                     f"not numbers ({examples}); the column holds {distinct} distinct values. Fix: set "
+                     f"dataset.label.problem_type to {fits}, or pick a numeric column as the label")
+
+
 def label_rule(train: RawTable, schema: DatasetSchema) -> LabelRule:
     """Decide, from the training table's labels, the classes and how cells map onto them; refuse a label
     that cannot be learned (one class, too many values for binary, an ordinal without an order)."""
@@ -137,6 +152,7 @@ def label_rule(train: RawTable, schema: DatasetSchema) -> LabelRule:
         raise StageError(f"{where}: missing; the label column dataset.label.column must be in the table. Fix the "
                          "column name in params.yaml or the file's header")
     if label.problem_type == "regression":
+        _refuse_words_as_numbers(train.raw[label.column], where)
         return LabelRule("regression", [])
     text = train.raw[label.column].map(canonical)
     values = [v for v in text.unique() if v != ""]
@@ -228,7 +244,7 @@ def validation_frame(table: RawTable, schema: DatasetSchema, rule: LabelRule, da
         if col == label:
             if rule.problem_type == "regression":
                 frame[col] = checks.to_numbers(raw[col])
-                frame[IS_NUMBER + col] = ~checks.not_a_number(raw[col])
+                frame[IS_NUMBER + col] = frame[col].notna()  # an empty label is not a number either
             else:
                 mapped = rule.map(raw[col])
                 frame[col] = mapped.where(mapped != "", None)
