@@ -77,8 +77,8 @@ class TrainConfig(BaseModel):
     # fitted to the training labels finds (at most numeric_bins, each >= bin_min_rows rows), and a linear
     # logit per code beside the deep path
     cat_dim: int = Field(8, ge=1)
-    numeric_bins: int = Field(64, ge=2)
-    bin_min_rows: int = Field(8, ge=1)
+    numeric_bins: int = Field(255, ge=2)
+    bin_min_rows: int = Field(2, ge=1)
     numeric_embedding_dim: int = Field(16, ge=1)
     # a numerical column with at most this many distinct training values also enters as a code (0: never)
     numeric_codes_max: int = Field(0, ge=0)
