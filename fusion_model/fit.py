@@ -192,6 +192,7 @@ class FinishRun(pl.Callback):
                 path.parent.mkdir(parents=True, exist_ok=True)
                 save_file({k: v.contiguous() for k, v in state.items()}, str(path))
         best = self.checkpoint.best_model_score
+        best_epoch = _best_epoch(self.progress.history, f"val/{self.metric}")
         self.summary = {
             "strategy": cfg.strategy,
             "zero_stage": cfg.zero_stage if cfg.strategy == "deepspeed" else None,
@@ -215,10 +216,10 @@ class FinishRun(pl.Callback):
             "resumed_from": self.resume_from,
             "fit_wall_s": round(time.perf_counter() - self._started, 2),
             "history": self.progress.history,
-            "best_epoch": _best_epoch(self.progress.history, f"val/{self.metric}"),
+            "best_epoch": best_epoch,
             # the members of the kept epoch: settings, validation score alone, weight in the mix
-            "portfolio": portfolio(self.progress.history, _best_epoch(self.progress.history, f"val/{self.metric}"),
-                                   self.metric, [m.model_dump() for m in cfg.members]),
+            "portfolio": portfolio(self.progress.history, best_epoch, self.metric,
+                                   [m.model_dump() for m in cfg.members]),
             "stopped_early": bool(getattr(trainer.early_stopping_callback, "stopped_epoch", 0)),
         }
         if trainer.is_global_zero:
@@ -248,12 +249,13 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         write_json(out_dir / RANKS_DIR / f"rank-{rank['rank']}.json", rank)
     data = ValidatedData.read(cfg.data_dir)
     schema, problem_type = data.schema, data.problem_type
+    train_labels = data.labels(data.train)
     # Fitted from the train split on every rank: deterministic, so all ranks agree without a broadcast.
     pre = Preprocessor.fit(data.train, schema, text_buckets=cfg.text_buckets, image_size=cfg.image_size,
                            image_index=cfg.image_index, text_ngrams=cfg.text_ngrams, text_min_df=cfg.text_min_df,
                            text_max_features=cfg.text_max_features, numeric_bins=cfg.numeric_bins,
                            numeric_codes_max=cfg.numeric_codes_max, bin_min_rows=cfg.bin_min_rows,
-                           labels=data.labels(data.train) if cfg.fusion == "tabm" else None,
+                           labels=train_labels if cfg.fusion == "tabm" else None,
                            ordered_labels=problem_type in ("ordinal", "regression"),
                            id_as_number=cfg.id_as_number,
                            numeric_output="values" if cfg.fusion == "tabm" else "encodings")
@@ -267,7 +269,6 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     num_classes = len(data.classes) if problem_type != "regression" else 1
     kwargs = model_kwargs(cfg, pre, num_classes, modalities, problem_type, schema.label.transform)
     metric = metric_name(problem_type)
-    train_labels = data.labels(data.train)
     class_weight = (balanced_class_weight(train_labels, num_classes)
                     if cfg.class_weight == "balanced" and problem_type != "regression" else None)
     module = FusionModule(kwargs, lr=cfg.lr, weight_decay=cfg.weight_decay, class_weight=class_weight,

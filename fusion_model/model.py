@@ -315,9 +315,8 @@ class FusionModel(nn.Module):
 
     def member_outputs(self, raw: torch.Tensor) -> torch.Tensor:
         """Heads' raw outputs [batch, heads, width] -> each member's [batch, members, width] (its heads mixed)."""
-        eye = torch.nn.functional.one_hot(self.head_member, self.members).to(torch.float32)  # [heads, members]
-        eye = eye / eye.sum(0, keepdim=True)
-        return torch.stack([self.combine(raw, eye[:, m]) for m in range(self.members)], dim=1)
+        alone = torch.eye(self.members, device=self.member_weights.device)  # member m's weights: all on m
+        return torch.stack([self.combine(raw, self.head_weights(alone[m])) for m in range(self.members)], dim=1)
 
     def forward(self, batch: dict[str, torch.Tensor], mask: Iterable[str] = ()) -> torch.Tensor:
         """The raw output [batch, width] (the heads combined): see ``head_outputs`` and ``combine``."""
@@ -357,12 +356,9 @@ class FusionModel(nn.Module):
         if self.problem_type == "regression":
             scale = {"target_mean": float(self.target_mean), "target_std": float(self.target_std),
                      "target_transform": self.target_transform}
+        aux_labels = labels  # the auxiliary heads see each row once
         if raw.dim() == 3:
-            k = raw.shape[1]
-            raw, labels = raw.reshape(-1, raw.shape[2]), labels.repeat_interleave(k)
-            aux_labels = labels[::k]
-        else:
-            aux_labels = labels
+            raw, labels = raw.reshape(-1, raw.shape[2]), labels.repeat_interleave(raw.shape[1])
         main = heads.loss(raw, labels, self.problem_type, class_weight=class_weight, **scale)
         aux, self._aux = self._aux, []  # the auxiliary heads' outputs of the forward pass that made `raw`
         parts = [heads.loss(out if rows is None else out[rows], aux_labels if rows is None else aux_labels[rows],

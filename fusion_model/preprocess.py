@@ -260,9 +260,9 @@ class Preprocessor:
         raw = self._logged(self._numeric_values(df, in_train))
         raw = np.where(np.isnan(raw), mean, raw)  # a missing value becomes the train mean
         z = (raw - mean) / std
-        parts = [z]
         if self.numeric_output == "values":
             return torch.from_numpy(z.astype(np.float32))
+        parts = [z]
         for j, edges in enumerate(self.numeric_bins):
             low, high = np.asarray(edges[:-1]), np.asarray(edges[1:])
             parts.append(np.clip((z[:, j : j + 1] - low) / np.maximum(high - low, 1e-9), 0.0, 1.0))

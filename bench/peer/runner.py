@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -148,8 +149,6 @@ def fit(validated: Path, cache_dir: Path, time_limit: int = TIME_LIMIT_S, venv: 
         info = json.loads((work / "fit.json").read_text())
         info["process_wall_s"] = round(time.perf_counter() - started, 1)
         (work / "fit.json").write_text(json.dumps(info, indent=2))
-        import shutil
-
         shutil.rmtree(work / "models", ignore_errors=True)  # hundreds of MB of fitted models; the scores stay
         os.replace(work, folder)
     info = json.loads((folder / "fit.json").read_text())
