@@ -32,7 +32,7 @@ from tasks.download.manifest import DATASET_DIRNAME  # noqa: E402
 from tasks.download.synthetic import generate  # noqa: E402
 from tasks.download.synthetic.images import draw_images, encode_jpeg  # noqa: E402
 from tasks.params import SyntheticParams  # noqa: E402
-from tasks.validate.stage import _run_suite  # noqa: E402
+from tasks.validate.stage import run_suite  # noqa: E402
 from tasks.validate.tables import (  # noqa: E402
     label_rule,
     mark_seen,
@@ -82,8 +82,8 @@ def bench_tabular(dataset: Path, out: Path) -> dict[str, float]:
     for f in (frame, test_frame):  # file checks are timed separately: stand in "all good" for GX
         for col in checks.IMAGE_CHECK_COLUMNS:
             f[col] = pd.array([True] * len(f), dtype="boolean")
-    _run_suite({"train": test_frame.head(50)}, [0, 1], SCHEMA, 0.5)  # warm GX's lazy imports and registries
-    _timed("gx_suite", lambda: _run_suite({"train": frame}, [0, 1], SCHEMA, 0.5), t)
+    run_suite({"train": test_frame.head(50)}, [0, 1], SCHEMA, 0.5)  # warm GX's lazy imports and registries
+    _timed("gx_suite", lambda: run_suite({"train": frame}, [0, 1], SCHEMA, 0.5), t)
 
     def write() -> None:
         train_t, val_t = stratified_split(typed_table(frame, SCHEMA, rule), SCHEMA.label.column, 0.2, 42)

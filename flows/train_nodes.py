@@ -38,6 +38,7 @@ from prefect.runtime import flow_run
 from prefect.states import Cancelled, Cancelling
 
 from flows.artifacts import training_markdown
+from flows.stage_tasks import convert_task
 from fusion_model.config import TrainConfig
 from tasks.errors import StageError
 from tasks.params import ConvertParams, Params
@@ -290,7 +291,7 @@ def train_across_hosts(params: Params, run_id: str) -> TrainSummary:
 def _publish_summary(p: TrainConfig, run_id: str, remote: str | None, started: float) -> TrainSummary:
     """The summary and DVCLive log of the host of global rank 0: curves into train.live_dir, an artifact."""
     from tasks._io.remote import RunFiles, open_repo, remote_of
-    from tasks.train.stage import _publish_live_log
+    from tasks.train.stage import publish_live_log
 
     with open_repo() as repo:
         run_files = RunFiles(remote_of(repo, remote), run_id)
@@ -306,7 +307,7 @@ def _publish_summary(p: TrainConfig, run_id: str, remote: str | None, started: f
             raw = fetch_live_log(run_files, primary, Path(tmp))
             summary = TrainSummary.model_validate(raw)
             summary.wall_s = round(time.monotonic() - started, 2)
-            summary.curves = str(_publish_live_log(p, Path(tmp), summary))
+            summary.curves = str(publish_live_log(p, Path(tmp), summary))
     summary.out_dir = str(p.out_dir)
     ranks = {h: m.global_ranks for h, m in manifests.items()}
     create_markdown_artifact(
@@ -322,7 +323,6 @@ def _publish_summary(p: TrainConfig, run_id: str, remote: str | None, started: f
 def convert_across_hosts(params: ConvertParams, train: TrainConfig, run_id: str, remote: str | None) -> Any:
     """The one conversion: gather every host's shards into `convert.checkpoint_dir` (hash- and count-checked),
     then convert them as on one machine."""
-    from flows.retrain import convert_task
     from tasks.convert.gather import gather
 
     gathered = gather(params.checkpoint_dir, [h.name for h in train.hosts], run_id, remote)

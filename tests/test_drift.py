@@ -1,6 +1,7 @@
-"""Drift gate (tasks/validate/drift.py, drift_stats.py) and `python -m tasks drift` on real generated data:
-a batch from the reference's own distribution passes; each kind of drift fails on exactly its column; the
-columns come by role; the report files are readable; the CLI's exit codes and messages.
+"""Drift gate (tasks/validate/drift.py, drift_report.py, drift_stats.py) and `python -m tasks drift` on
+real generated data: a batch from the reference's own distribution passes; each kind of drift fails on
+exactly its column; the columns come by role; the report files are readable; the CLI's exit codes and
+messages.
 (On real PetFinder rows: tests/test_drift_real.py.)"""
 
 from __future__ import annotations
@@ -18,13 +19,10 @@ from pydantic import BaseModel, ValidationError
 
 from fusion_model.dataset import resolve_schema
 from fusion_model.presets.petfinder import CATEGORICAL_COLUMNS, IMAGES, LABEL, NUMERIC_COLUMNS, TEXT_COLUMNS
-from tasks.validate.drift import (
-    MISSING_IMAGES,
+from tasks.validate.drift import MISSING_IMAGES, DriftThresholds, drift_gate, no_batch_report
+from tasks.validate.drift_report import (
     CategoricalDrift,
     DriftReport,
-    DriftThresholds,
-    drift_gate,
-    no_batch_report,
     render_drift_markdown,
     write_drift_report,
 )

@@ -19,15 +19,13 @@ from pydantic import ValidationError
 
 from flows.artifacts import key_value_table, training_markdown
 from flows.overrides import ParamOverrides, overrides_dict, parse_set, resolve_params
-from flows.retrain import (
-    RUN_LOG_NAME,
+from flows.retrain import RUN_LOG_NAME, main, retrain
+from flows.stage_tasks import (
     _transient,
     convert_task,
     download_task,
     evaluate_task,
-    main,
     promote_task,
-    retrain,
     train_task,
     validate_task,
     version_task,

@@ -53,9 +53,9 @@ def read_table(path: Path) -> tuple[pd.DataFrame, bool]:
     if not path.is_file():
         raise StageError(f"{path}: no such file; pass a CSV or Parquet table")
     if path.suffix.lower() in (".parquet", ".pq"):
-        from tasks.download.local_table import _read_parquet
+        from tasks.download.local_table import read_parquet_cells
 
-        cells = _read_parquet(path)
+        cells = read_parquet_cells(path)
     else:
         raw = path.read_bytes()
         try:

@@ -80,7 +80,7 @@ def read_table(name: str, path: Path, p: LocalParams, decisions: Decisions, sche
     """Decode and parse `path` (CSV, or Parquet by its suffix); the leading index column becomes `row_ids`,
     columns the dataset schema does not declare are dropped (named in `decisions`)."""
     if path.suffix.lower() in PARQUET_SUFFIXES:
-        cells = _read_parquet(path)
+        cells = read_parquet_cells(path)
     else:
         raw = path.read_bytes()
         if not raw.strip():
@@ -111,7 +111,7 @@ def read_table(name: str, path: Path, p: LocalParams, decisions: Decisions, sche
     return Table(name, path, cells.reset_index(drop=True), row_ids.reset_index(drop=True))
 
 
-def _read_parquet(path: Path) -> pd.DataFrame:
+def read_parquet_cells(path: Path) -> pd.DataFrame:
     """A Parquet file's cells as text: "" for a missing value, whole numbers written as integers."""
     try:
         frame = pd.read_parquet(path)

@@ -35,7 +35,8 @@ from tasks.intake.feed import Drop, list_drops, table_of
 from tasks.intake.join import JoinPlan, JoinRefused, apply_join, next_row_id, plan_join
 from tasks.intake.ledger import JOINED, BatchRecord, Ledger, read_ledger, write_ledger
 from tasks.params import DownloadParams
-from tasks.validate.drift import DriftReport, drift_gate, no_batch_report, write_drift_report
+from tasks.validate.drift import drift_gate, no_batch_report
+from tasks.validate.drift_report import DriftReport, write_drift_report
 from tasks.validate.drift_stats import DriftColumns
 from tasks.validate.report import failure_message, render_markdown, report_json
 from tasks.validate.stage import ValidationError, check_tables

@@ -226,13 +226,13 @@ def train(p: TrainConfig, logger: logging.Logger | logging.LoggerAdapter | None 
     with sigterm_raises():
         summary = _launch(p, cmd, env, staging, logger)
     if p.node_rank == 0:
-        summary.curves = str(_publish_live_log(p, staging, summary))
+        summary.curves = str(publish_live_log(p, staging, summary))
         swap_dir(staging, out_dir)
     summary.out_dir = str(out_dir)
     return summary
 
 
-def _publish_live_log(p: TrainConfig, staging: Path, summary: TrainSummary) -> Path:
+def publish_live_log(p: TrainConfig, staging: Path, summary: TrainSummary) -> Path:
     """Move the run's DVCLive log out of the checkpoint folder into `live_dir`, whole, with its curves PNG."""
     live_dir = Path(p.live_dir)
     log = staging / LIVE_DIR

@@ -21,7 +21,8 @@ import pandas as pd
 
 from fusion_model.dataset import DatasetSchema, LabelSpec, canonical
 from tasks.params import DriftGateParams, ParamsError, load_params
-from tasks.validate.drift import DriftReport, drift_gate, render_drift_markdown
+from tasks.validate.drift import drift_gate
+from tasks.validate.drift_report import DriftReport, render_drift_markdown
 from tasks.validate.drift_stats import DriftColumns
 from tasks.validate.tables import LabelRule
 

@@ -79,8 +79,8 @@ class ValidateSummary(BaseModel):
     seconds: float
 
 
-def _run_suite(frames: dict[str, pd.DataFrame], classes: list[int | str], schema: DatasetSchema,
-               seen_codes_mostly: float) -> dict[str, list[dict[str, Any]]]:
+def run_suite(frames: dict[str, pd.DataFrame], classes: list[int | str], schema: DatasetSchema,
+              seen_codes_mostly: float) -> dict[str, list[dict[str, Any]]]:
     """Run the suite on each table through a GX checkpoint; returns each table's results as dicts."""
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig
@@ -206,7 +206,7 @@ def check_tables(dataset_dir: Path, tables: list[tuple[str, str]], schema: Datas
         seen = {c: codes for c, codes in seen.items() if c in seen_checked(schema)}
         for frame in frames.values():
             mark_seen(frame, seen)
-        results = _run_suite(frames, rule.classes, schema, seen_codes_mostly)
+        results = run_suite(frames, rule.classes, schema, seen_codes_mostly)
         outcomes: list[Outcome] = []
         for name, table in raw_tables.items():
             outcomes += outcomes_from_gx(results[name], table, frames[name], schema)
