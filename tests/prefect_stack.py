@@ -19,9 +19,10 @@ from project_copy import env
 from tasks._io.ports import free_port
 
 POOL = "retrain-pool"
-PORT = "<port>"  # the free port of this stack (README: 4200)
-# The worker set-up of README.md ("Deployments: nightly, on demand, champion"), command for command and in
-# its order (test_worker_env.py reads the README and checks it): the documented set-up is what the tests run.
+PORT = "<port>"  # the free port of this stack (docs/deployments.md: 4200)
+# The worker set-up of docs/deployments.md ("Deployments: nightly, on demand, champion"), command for command
+# and in its order (test_worker_env.py reads that page and checks it): the documented set-up is what the tests
+# run.
 SETUP: list[tuple[str, ...]] = [
     ("server", "start", "--host", "127.0.0.1", "--port", PORT),
     ("work-pool", "create", POOL, "--type", "process", "--overwrite"),

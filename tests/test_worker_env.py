@@ -1,6 +1,6 @@
-"""The deployment's worker environment: the README's set-up is the one the tests run, and a worker started
-without RETRAIN_REPOSITORY / RETRAIN_HOME fails the run with a message naming them (a real Prefect server,
-`prefect deploy --all` of prefect.yaml, a real `process` worker)."""
+"""The deployment's worker environment: the documented set-up (docs/deployments.md) is the one the tests run,
+and a worker started without RETRAIN_REPOSITORY / RETRAIN_HOME fails the run with a message naming them (a
+real Prefect server, `prefect deploy --all` of prefect.yaml, a real `process` worker)."""
 
 from __future__ import annotations
 
@@ -19,10 +19,12 @@ from flows import workspace
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _readme_setup() -> tuple[list[tuple[str, ...]], list[str]]:
-    """The `prefect ...` commands of the README's deployment block up to the worker, and its exports."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("### Deployments: nightly, on demand, champion"):]
+def _documented_setup() -> tuple[list[tuple[str, ...]], list[str]]:
+    """The `prefect ...` commands of the deployment block of docs/deployments.md up to the worker, and its
+    exports (the README links that page)."""
+    text = (ROOT / "docs" / "deployments.md").read_text()
+    assert "(docs/deployments.md)" in (ROOT / "README.md").read_text()
+    section = text[text.index("## Deployments: nightly, on demand, champion"):]
     block = section[section.index("```bash\n") + 8:]
     block = block[:block.index("```")]
     commands, exports = [], []
@@ -36,8 +38,8 @@ def _readme_setup() -> tuple[list[tuple[str, ...]], list[str]]:
     return commands, exports
 
 
-def test_the_readme_worker_setup_is_the_one_the_tests_run() -> None:
-    commands, exports = _readme_setup()
+def test_the_documented_worker_setup_is_the_one_the_tests_run() -> None:
+    commands, exports = _documented_setup()
     assert commands == SETUP
     assert exports == ["PREFECT_API_URL", *WORKER_VARIABLES]
     assert set(WORKER_VARIABLES) == set(workspace.WORKER_VARIABLES)
