@@ -14,13 +14,14 @@ import lightning.pytorch as pl
 
 
 class ProgressPrinter(pl.Callback):
-    def __init__(self, every_n_steps: int = 20) -> None:
+    def __init__(self, every_n_steps: int = 20, phase: str = "") -> None:
         self.every_n_steps = every_n_steps
+        self.phase = phase  # said before each line ("refit ")
         self.history: list[dict[str, float]] = []
 
     def _print(self, trainer: pl.Trainer, text: str) -> None:
         if trainer.is_global_zero:
-            print(f"[train] {text}", flush=True, file=sys.stdout)
+            print(f"[train] {self.phase}{text}", flush=True, file=sys.stdout)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any,
                            batch: Any, batch_idx: int) -> None:

@@ -106,6 +106,9 @@ class TrainConfig(BaseModel):
     # fit the decision rule on the validation rows each epoch: ordinal cut points (quadratic weighted kappa),
     # multiclass class biases (macro F1); false: the expected class rounded / the argmax
     fit_decision: bool = True
+    # after validation has picked the epoch count, the members' mix and the decision rule, fit the kept
+    # model again on train + val with them (AutoGluon's refit_full); false: the best epoch's model
+    refit: bool = True
     # optimisation
     max_epochs: int = Field(8, ge=1)
     # a small table trains for more epochs: at least this many optimizer steps (within max_epochs_cap)

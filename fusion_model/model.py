@@ -307,6 +307,20 @@ class FusionModel(nn.Module):
             return torch.log(p) - torch.log1p(-p)
         return torch.log((raw.softmax(-1) * w).sum(1).clamp_min(1e-12))
 
+    # what validation fits into the buffers: the members' mix and the decision rule
+    DECISION_BUFFERS = ("member_weights", "decision_bias", "ordinal.cutpoints")
+
+    def decision_state(self) -> dict[str, list[float]]:
+        """The validation-fitted buffers as plain lists (a refit on every labelled row carries them over)."""
+        names = [n for n, _ in self.named_buffers()]
+        return {n: self.get_buffer(n).detach().float().cpu().flatten().tolist()
+                for n in self.DECISION_BUFFERS if n in names}
+
+    def load_decision_state(self, state: dict[str, list[float]]) -> None:
+        for name, values in state.items():
+            buffer = self.get_buffer(name)
+            buffer.copy_(torch.tensor(values, dtype=buffer.dtype).reshape(buffer.shape))
+
     def head_weights(self, member_weights: torch.Tensor | None = None) -> torch.Tensor:
         """Per head: its member's weight shared equally by the member's heads."""
         mw = self.member_weights if member_weights is None else member_weights

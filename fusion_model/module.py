@@ -44,10 +44,12 @@ class FusionModule(pl.LightningModule):
     def __init__(
         self, model_kwargs: dict[str, Any], *, lr: float, weight_decay: float, warmup_fraction: float = 0.1,
         class_weight: list[float] | None = None, fit_decision: bool = True, text_l2: list[float] | None = None,
-        category_l2: list[float] | None = None, train_rows: int = 1,
+        category_l2: list[float] | None = None, train_rows: int = 1, schedule_epochs: int | None = None,
     ) -> None:
         """`text_l2`, `category_l2`: each member's L2 penalty on its wide logits (fusion_model/config.py's
-        WideMember; its learning-rate multipliers are the model's `member_*_scale`)."""
+        WideMember; its learning-rate multipliers are the model's `member_*_scale`). `schedule_epochs`: the
+        learning-rate schedule spans this many epochs though the run may stop sooner (a refit stops at the
+        selected epoch with the learning rate that epoch had), None: the run's own length."""
         super().__init__()
         self.save_hyperparameters()
         self.model = FusionModel(**model_kwargs)
@@ -60,6 +62,8 @@ class FusionModule(pl.LightningModule):
                              if class_weight is not None else None, persistent=False)
         self._val_raw: list[torch.Tensor] = []
         self._val_labels: list[torch.Tensor] = []
+        # each validated epoch's fitted mix and decision rule (epoch numbered from 1, as the history)
+        self.decisions: dict[int, dict[str, list[float]]] = {}
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.model(batch)
@@ -117,6 +121,7 @@ class FusionModule(pl.LightningModule):
                 self.log(f"val/member_{m}/weight", float(self.model.member_weights[m]), on_epoch=True,
                          sync_dist=False, rank_zero_only=False)
         metrics = self._metrics(self.model.combine(raw), y, store=True)
+        self.decisions[self.current_epoch + 1] = self.model.decision_state()
         # the same value on every rank (the same gathered rows): no further reduction
         for key, value in metrics.items():
             if value is not None:
@@ -164,6 +169,8 @@ class FusionModule(pl.LightningModule):
         optimizer = torch.optim.Adam([g for g in groups if g["params"]], lr=self.hparams.lr,
                                      decoupled_weight_decay=True)
         total = max(1, int(self.trainer.estimated_stepping_batches))
+        if self.hparams.schedule_epochs and self.trainer.max_steps == -1:
+            total = max(1, total * self.hparams.schedule_epochs // max(1, self.trainer.max_epochs or 1))
         warmup = max(1, int(total * self.hparams.warmup_fraction))
 
         def schedule(step: int) -> float:  # linear warm-up, then cosine to 5% of the peak

@@ -70,6 +70,8 @@ class TrainSummary(BaseModel):
     stopped_early: bool = False
     # the members of the kept epoch: settings, validation score alone, weight in the mix (fusion_model/fit.py)
     portfolio: dict[str, Any] | None = None
+    # the kept model fitted again on train + val: rows, epochs, steps, wall time (fusion_model/fit.py refit)
+    refit: dict[str, Any] | None = None
     wall_s: float | None = None  # launch to exit, start-up included
     out_dir: str | None = None
     curves: str | None = None  # the PNG of loss and validation metric per epoch

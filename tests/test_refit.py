@@ -1,0 +1,73 @@
+"""The refit (AutoGluon's refit_full): validation picks the epoch count, the members' mix and the decision
+rule; the kept model is then fitted on train + val with them. Real 2-rank ddp runs on the tiny table."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from fusion_model.config import TrainConfig
+from fusion_model.data import ValidatedData
+from fusion_model.fit import build_module
+from tasks.train import train
+
+pytestmark = pytest.mark.slow
+
+
+def _config(data_dir: Path, out_dir: Path, **overrides: object) -> TrainConfig:
+    base: dict[str, object] = {
+        "data_dir": data_dir, "out_dir": out_dir, "live_dir": out_dir.parent / "training",
+        "image_model": "test_resnet", "image_size": 32, "text_buckets": 1024, "cat_dim": 4, "adapter_dim": 16,
+        "hidden_sizes": [32], "batch_size": 32, "max_epochs": 3, "devices": 2, "accelerator": "cpu",
+        "strategy": "ddp", "ensemble_size": 4,
+    }
+    return TrainConfig.model_validate({**base, **overrides})
+
+
+def test_the_kept_model_is_refitted_on_every_labelled_row_with_the_selected_epochs_mix_and_rule(
+        tiny_validated: Path, tmp_path: Path) -> None:
+    out = tmp_path / "ckpt"
+    cfg = _config(tiny_validated, out)
+    summary = train(cfg)
+    data = ValidatedData.read(tiny_validated)
+    on_disk = json.loads((out / "train_summary.json").read_text())
+
+    # selection as before: three validated epochs, the best one named with its score
+    assert [h["epoch"] for h in on_disk["history"]] == [1, 2, 3] and summary.best_epoch in (1, 2, 3)
+    assert summary.best_score == next(h["val/roc_auc"] for h in on_disk["history"] if h["epoch"] == summary.best_epoch)
+    # the refit: every labelled row, as many epochs as the best one, no validation of its own
+    assert summary.refit is not None
+    assert summary.refit["rows"] == len(data.train) + len(data.val)
+    assert summary.refit["epochs"] == summary.best_epoch == summary.refit["decision_from_epoch"]
+    steps_per_epoch = (len(data.train) + len(data.val)) // (2 * cfg.batch_size)
+    assert summary.refit["steps"] == summary.best_epoch * steps_per_epoch
+    assert summary.best_checkpoint == "best.ckpt" and summary.last_checkpoint == "last.ckpt"
+
+    # the kept checkpoint is the refit's: its preprocessing was fitted on train + val (not train alone) ...
+    config = json.loads((out / "model_config.json").read_text())
+    every = dataclasses.replace(data, train=pd.concat([data.train, data.val]))
+    assert config["preprocess"] == build_module(cfg, every)[0].to_dict()
+    assert config["preprocess"] != build_module(cfg, data)[0].to_dict()
+    # ... and it carries the selected epoch's mix of members, not the uniform start
+    state = torch.load(out / "best.ckpt", map_location="cpu", weights_only=True)
+    weights = state["state_dict"]["model.member_weights"].tolist()
+    assert weights == pytest.approx(on_disk["decision"]["member_weights"])
+    assert state["epoch"] + 1 == summary.best_epoch
+    # last.ckpt stays the selection's, so a resumed run continues the selection
+    last = torch.load(out / "last.ckpt", map_location="cpu", weights_only=True)
+    assert last["global_step"] == summary.steps == 3 * (len(data.train) // (2 * cfg.batch_size))
+
+
+def test_without_refit_the_best_validated_epoch_is_kept(tiny_validated: Path, tmp_path: Path) -> None:
+    out = tmp_path / "ckpt"
+    summary = train(_config(tiny_validated, out, refit=False))
+    assert summary.refit is None
+    state = torch.load(out / "best.ckpt", map_location="cpu", weights_only=True)
+    assert state["epoch"] + 1 == summary.best_epoch
+    config = json.loads((out / "model_config.json").read_text())
+    assert config["preprocess"] == build_module(_config(tiny_validated, out), ValidatedData.read(tiny_validated))[0].to_dict()
