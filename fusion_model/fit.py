@@ -16,7 +16,6 @@ import json
 import os
 import signal
 import sys
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ import torch
 from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from fusion_model import quiet
 from fusion_model.callbacks import ProgressPrinter, SameFolderOnEveryHost, Throughput
 from fusion_model.config import TrainConfig, processes_per_node
 from fusion_model.data import FusionDataModule, ValidatedData
@@ -49,9 +49,7 @@ from fusion_model.safe_load import check_checkpoint
 from fusion_model.strategies import build_strategy
 from fusion_model.summary import FinishRun
 
-# Validation metrics are computed on every rank from the same gathered rows, so they need no reduction;
-# the per-epoch training loss is each rank's own (an all-reduce per step costs more than it tells).
-warnings.filterwarnings("ignore", message=".*when logging on epoch level in distributed setting.*")
+quiet.install()  # at import, so every rank (ddp_spawn's re-import it) drops the known third-party noise
 FORMAT_VERSION = CURRENT_FORMAT  # the format this version writes (fusion_model/legacy.py reads the older ones)
 # At import, so ddp_spawn's ranks (which re-import this module) get it too: under torchrun the agent hosts
 # the store (fusion_model.launch), under ddp_spawn rank 0 does, on MASTER_ADDR only.

@@ -22,6 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from fusion_model import quiet
 from tasks.errors import StageError
 from tasks.params import Params, ParamsError, load_params
 
@@ -183,6 +184,7 @@ def run_stage(stage: str, params: Params) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
+    quiet.install()  # the stages that load torch / Lightning / DeepSpeed in this process
     args = build_parser().parse_args(argv)
     if args.stage == "drift":
         return importlib.import_module("tasks.validate.drift_cli").main(args)

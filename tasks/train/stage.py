@@ -30,6 +30,7 @@ from pydantic import BaseModel
 
 from fusion_model.config import TrainConfig, processes_per_node
 from fusion_model.layout import CURVES, LAST_CHECKPOINT, LIVE_DIR, TRAIN_SUMMARY
+from fusion_model.quiet import is_printed_noise
 from tasks._io.files import write_text
 from tasks._io.folders import recover_dir, swap_dir, temp_dir_beside
 from tasks._io.ports import free_port
@@ -280,7 +281,8 @@ def run_process_group(cmd: list[str], env: dict[str, str], log_path: Path, detai
                 tail.append(line)
                 if _ERROR_LINE.match(line) and "ChildFailedError" not in line and len(errors) < 5:
                     errors.append(line.strip())
-                logger.info("%s", line)
+                if not is_printed_noise(line):  # a library's known print (fusion_model/quiet.py); kept in the log
+                    logger.info("%s", line)
         rc = proc.wait()
     except BaseException:
         tree.kill()  # interrupted caller (Ctrl-C, flow cancelled): leave no rank behind
