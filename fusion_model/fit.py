@@ -219,8 +219,8 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     callbacks: list[pl.Callback] = [checkpoint, progress, throughput, LearningRateMonitor(logging_interval="step")]
     if cfg.early_stopping_patience:
         callbacks.append(EarlyStopping(monitor=f"val/{metric}", mode=mode, patience=cfg.early_stopping_patience))
-    trainer = _trainer(cfg, devices, on_cuda, epochs_for(cfg, len(data.train), devices * cfg.num_nodes),
-                       callbacks, live_logger(out_dir, cfg.resume), validate=True)
+    max_epochs = epochs_for(cfg, len(data.train), devices * cfg.num_nodes)
+    trainer = _trainer(cfg, devices, on_cuda, max_epochs, callbacks, live_logger(out_dir, cfg.resume), validate=True)
     if trainer.is_global_zero:
         write_model_config(out_dir, kwargs, pre, data)
     resume_from = None
@@ -240,18 +240,19 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         return finish.summary
     # ddp_spawn fitted in its workers: their summary reached this process through the file only
     selection = finish.summary or json.loads((out_dir / TRAIN_SUMMARY).read_text())
-    return refit(cfg, data, selection, kwargs["modalities"], module.model.decision_state(), devices, on_cuda)
+    return refit(cfg, data, selection, kwargs["modalities"], module.model.decision_state(), devices, on_cuda,
+                 max_epochs)
 
 
 def refit(cfg: TrainConfig, data: ValidatedData, selection: dict[str, Any], modalities: list[str],
-          fallback_decision: dict[str, list[float]], devices: int, on_cuda: bool) -> dict[str, Any]:
+          fallback_decision: dict[str, list[float]], devices: int, on_cuda: bool, schedule_epochs: int
+          ) -> dict[str, Any]:
     """The kept model: every labelled row, the selected epoch count, the selected mix and decision rule."""
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     out_dir = Path(cfg.out_dir)
     every = dataclasses.replace(data, train=pd.concat([data.train, data.val]))
     # the selection's schedule, stopped at its best epoch: the refit trains as the kept epoch did
-    pre, kwargs, module = build_module(cfg, every, modalities,
-                                       schedule_epochs=epochs_for(cfg, len(data.train), devices * cfg.num_nodes))
+    pre, kwargs, module = build_module(cfg, every, modalities, schedule_epochs=schedule_epochs)
     # a selection that validated nothing new (a resumed run already at its last epoch) keeps the last rule
     module.model.load_decision_state(selection.get("decision") or fallback_decision)
     epochs = max(1, selection.get("best_epoch") or selection["epochs"])
