@@ -124,7 +124,8 @@ class TrainConfig(BaseModel):
     # distribution
     strategy: Literal["ddp_spawn", "ddp", "deepspeed"] = "deepspeed"
     zero_stage: Literal[2, 3] = 2
-    offload_optimizer: bool = False
+    offload_optimizer: bool = False  # DeepSpeed: optimizer states and step on the CPU
+    offload_param: bool = False  # DeepSpeed ZeRO-3: parameters on the CPU too
     # ZeRO reduce/all-gather bucket (elements); DeepSpeed's 5e8 default is sized for billion-parameter models
     zero_bucket_size: int = Field(2_000_000, ge=10_000)
     precision: Literal["32-true", "bf16-mixed", "16-mixed"] = "32-true"
@@ -176,6 +177,18 @@ class TrainConfig(BaseModel):
         if self.fusion == "tabm" and self.ensemble_size < len(self.members):
             raise ValueError(f"train.ensemble_size {self.ensemble_size} is smaller than the {len(self.members)} "
                              "members; each member needs a head")
+        return self
+
+    @model_validator(mode="after")
+    def _offload_fits_the_strategy(self) -> TrainConfig:
+        if self.strategy != "deepspeed" and (self.offload_optimizer or self.offload_param):
+            key = "offload_optimizer" if self.offload_optimizer else "offload_param"
+            raise ValueError(f"train.{key} is a DeepSpeed option but train.strategy is {self.strategy}; set strategy "
+                             f"to deepspeed or {key} to false")
+        if self.offload_param and self.zero_stage != 3:
+            raise ValueError("train.offload_param needs ZeRO-3: stage 2 keeps every parameter whole on each rank, so "
+                             "there is nothing to offload; set train.zero_stage to 3 or offload_param to false "
+                             "(offload_optimizer works on both stages)")
         return self
 
     @model_validator(mode="after")

@@ -92,22 +92,48 @@ def deepspeed_config(cfg: TrainConfig, on_cuda: bool = True) -> dict[str, Any]:
         })
     if cfg.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
+    if cfg.offload_param:  # ZeRO-3 only (TrainConfig refuses it on stage 2)
+        zero["offload_param"] = {"device": "cpu", "pin_memory": False}
     config: dict[str, Any] = {
         "zero_allow_untested_optimizer": True,  # plain torch AdamW: no CPU-Adam JIT build
         "zero_optimization": zero,
         "train_micro_batch_size_per_gpu": cfg.batch_size,
         "wall_clock_breakdown": False,
     }
+    if cfg.offload_optimizer:
+        # DeepSpeed refuses a client optimizer with offload unless told: the client Adam then steps the fp32
+        # partitions on the CPU, where DeepSpeedCPUAdam would cost a ~160 s JIT build for the same job
+        config["zero_force_ds_cpu_optimizer"] = False
     if cfg.multi_host:
         # no disk is shared between hosts: the first rank of each host writes the model states into its own
         # folder (ZeRO shards are per rank anyway), and the shards are gathered before the one conversion
         config["checkpoint"] = {"use_node_local_storage": True}
     if cfg.precision == "bf16-mixed":
         config["bf16"] = {"enabled": True}
-        # DeepSpeed casts parameters to bf16 but keeps buffers fp32: BatchNorm then fails with
-        # "expected scalar type BFloat16 but found Float" unless buffers follow.
-        config["data_types"] = {"buffer_dtype": "bf16"}
+    if cfg.precision in ("bf16-mixed", "16-mixed"):  # Lightning adds the fp16 block (loss scaling) itself
+        # DeepSpeed casts parameters to bf16/fp16 but keeps buffers fp32: BatchNorm then fails with
+        # "expected scalar type BFloat16 (Half) but found Float" unless buffers follow.
+        config["data_types"] = {"buffer_dtype": "bf16" if cfg.precision == "bf16-mixed" else "fp16"}
     return config
+
+
+def check_deepspeed_precision(cfg: TrainConfig) -> None:
+    """Refuse 16-mixed where DeepSpeed's accelerator has no fp16: each rank, as its Trainer is built, before training.
+
+    DeepSpeed's CPU accelerator reports fp16 only where oneDNN has it (AVX512-FP16 / AMX-FP16 CPUs); elsewhere
+    DeepSpeed itself would fail inside `deepspeed.initialize` with "Type fp16 is not supported on your device".
+    """
+    if cfg.precision != "16-mixed":
+        return
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    if not accelerator.is_fp16_supported():
+        raise ValueError(
+            f"train.precision 16-mixed: DeepSpeed's {accelerator.device_name()} accelerator has no fp16 on this "
+            "machine (on CPU it needs AVX512-FP16 or AMX-FP16); set train.precision to bf16-mixed (same memory, "
+            "no loss scaling) or 32-true"
+        )
 
 
 def build_strategy(cfg: TrainConfig, on_cuda: bool) -> Strategy | str:
@@ -115,5 +141,6 @@ def build_strategy(cfg: TrainConfig, on_cuda: bool) -> Strategy | str:
         return DDPStrategy(start_method="spawn", process_group_backend=None if on_cuda else "gloo")
     if cfg.strategy == "ddp":
         return DDPStrategy(process_group_backend=None if on_cuda else "gloo")
+    check_deepspeed_precision(cfg)
     cls = DeepSpeedStrategy if on_cuda else CPUDeepSpeedStrategy
     return cls(config=deepspeed_config(cfg, on_cuda), process_group_backend=None if on_cuda else "gloo")
