@@ -2,13 +2,13 @@
 
 The fusion network ends in `output_width` numbers per row:
 - binary: two logits (softmax; the positive class is index 1);
-- multiclass: one logit per class (softmax; the prediction adds `decision_bias`, fitted on validation);
+- multiclass: one logit per class (softmax; the prediction is the argmax after `decision_bias`, zeros unless an older model fitted it);
 - ordinal: one score turned into K-1 cumulative logits `score - t_k` by `OrdinalLink` (a cumulative-link,
   proportional-odds head: P(y > k) = sigmoid(score - t_k), thresholds kept increasing); the prediction cuts
   the expected class (sum of P(y > k)) at `cutpoints`, fitted on validation for quadratic weighted kappa;
 - regression: one value, the standardised (and optionally log1p'd) target; the prediction is in the
   label's unit.
-Everything a prediction needs (thresholds, cut points, class biases, target scale) is a parameter or a
+Everything a prediction needs (thresholds, cut points, target scale) is a parameter or a
 buffer of the model, so it travels in model.safetensors. Modules take tensors and return tensors.
 """
 

@@ -8,7 +8,7 @@ The ``FusionModel`` is the single attribute ``self.model``, so every key of this
 The conversion stage strips exactly these two prefixes to get plain ``FusionModel`` keys.
 
 Validation gathers every rank's outputs at the end of each epoch, fits the decision rule on them when
-asked (ordinal cut points, multiclass class biases: fusion_model/decision.py; kept in the model's buffers,
+asked (ordinal cut points: fusion_model/decision.py; kept in the model's buffers,
 so the checkpoint of that epoch carries them), after the members' mix (greedy selection on the
 validation loss: fusion_model/ensemble.py; logged as ``val/member_<m>/weight`` beside each member's
 own ``val/member_<m>/<metric>``) and logs the metrics of fusion_model/metrics.py as
@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from fusion_model import heads
-from fusion_model.decision import fit_class_bias, fit_cutpoints
+from fusion_model.decision import fit_cutpoints
 from fusion_model.ensemble import greedy_weights
 from fusion_model.metrics import compute_metrics, greater_is_better, primary_metric_name
 from fusion_model.model import FusionModel
@@ -140,11 +140,6 @@ class FusionModule(pl.LightningModule):
             if store:
                 self.model.ordinal.cutpoints.copy_(cuts)
             kwargs["cutpoints"] = cuts
-        elif self.fit_decision and self.problem_type == "multiclass":
-            bias = torch.as_tensor(fit_class_bias(torch.log_softmax(raw, 1).cpu().numpy(), y), dtype=torch.float32)
-            if store:
-                self.model.decision_bias.copy_(bias)
-            kwargs["decision_bias"] = bias
         out = self.model.interpret(raw) if store or not kwargs else heads.interpret(
             raw.cpu(), self.problem_type, **kwargs)
         return compute_metrics(y, out.prediction.cpu().numpy(), self.problem_type, self.num_classes,

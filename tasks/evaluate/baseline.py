@@ -15,7 +15,7 @@ signal the network gets (the columns by role of the dataset schema):
   regressor for ordinal (on the class index) and regression labels (on the transformed target).
 
 The decision rule is fitted on the validation rows as the network's is (fusion_model/decision.py:
-ordinal cut points, multiclass class biases). Stacking out of fold keeps each score honest: a score
+ordinal cut points; multiclass takes the argmax). Stacking out of fold keeps each score honest: a score
 fitted on a row never describes that row. The network alone is compared with this; the network never
 sees the baseline's output.
 """
@@ -37,7 +37,7 @@ from sklearn.multiclass import OneVsRestClassifier
 from sklearn.preprocessing import StandardScaler
 
 from fusion_model.dataset import DatasetSchema, canonical, row_images
-from fusion_model.decision import apply_cutpoints, fit_class_bias, fit_cutpoints
+from fusion_model.decision import apply_cutpoints, fit_cutpoints
 from fusion_model.predict import Predictions
 
 NAME = ("HistGradientBoosting(tabular + text lengths + frequencies) + out-of-fold TF-IDF text and "
@@ -246,8 +246,4 @@ def _decide(results: list[Predictions], y_val: np.ndarray, task: Task) -> list[P
         cuts = fit_cutpoints(results[0].score, y_val, task.num_classes)  # type: ignore[arg-type]
         return [Predictions(prediction=apply_cutpoints(r.score, cuts), proba=None, score=r.score)  # type: ignore[arg-type]
                 for r in results]
-    if task.problem_type == "multiclass":
-        bias = fit_class_bias(np.log(np.clip(results[0].proba, 1e-12, None)), y_val)  # type: ignore[arg-type]
-        return [Predictions(prediction=(np.log(np.clip(r.proba, 1e-12, None)) + bias).argmax(1), proba=r.proba,
-                            score=None) for r in results]
     return results
