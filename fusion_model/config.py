@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -51,6 +51,14 @@ class WideMember(BaseModel):
 # regression (text- and code-led tables): validation weighs them on each table (BENCHMARKS.md)
 DEFAULT_MEMBERS = [WideMember(),
                    WideMember(text_lr_multiplier=15, text_l2=1.0, category_lr_multiplier=5, category_l2=1.0)]
+
+# where and how a run trains (data, distribution, run control): one value for the whole run
+_SAME_FOR_EVERY_CANDIDATE = frozenset({
+    "data_dir", "out_dir", "live_dir", "seed", "modalities", "refit", "candidates", "strategy", "zero_stage",
+    "offload_optimizer", "offload_param", "zero_bucket_size", "precision", "accelerator", "devices", "num_nodes",
+    "node_rank", "master_addr", "master_port", "hosts", "rendezvous_port", "join_timeout_s", "threads_per_rank",
+    "resume", "max_steps", "num_workers", "save_gathered_weights", "batch_size", "candidate_tolerance",
+})
 
 
 class TrainConfig(BaseModel):
@@ -110,6 +118,10 @@ class TrainConfig(BaseModel):
     # after validation has picked the epoch count, the members' mix and the decision rule, fit the kept
     # model again on train + val with them (AutoGluon's refit_full); false: the best epoch's model
     refit: bool = True
+    # configurations the stage tries (AutoGluon's presets): each a few train keys over this section's; the one
+    # with the best validation score is kept (and refitted). [{}]: this section alone
+    candidates: list[dict[str, Any]] = Field(default_factory=lambda: [{}], min_length=1)
+    candidate_tolerance: float = Field(0.002, ge=0.0)  # a later candidate must win by more than this share
     # optimisation
     max_epochs: int = Field(8, ge=1)
     # a small table trains for more epochs: at least this many optimizer steps (within max_epochs_cap)
@@ -169,6 +181,29 @@ class TrainConfig(BaseModel):
                              "the portfolio, e.g. members: [{text_lr_multiplier: 15, text_l2: 1.0}]); delete the "
                              "key to use the default portfolio, which validation weighs on each table")
         return data
+
+    def candidate(self, index: int) -> TrainConfig:
+        """This section with candidate `index`'s keys over it (a config of one candidate)."""
+        return TrainConfig.model_validate({**self.model_dump(exclude={"candidates"}), **self.candidates[index],
+                                           "candidates": [{}]})
+
+    @model_validator(mode="after")
+    def _candidates_are_model_keys(self) -> TrainConfig:
+        for index, keys in enumerate(self.candidates):
+            wrong = sorted(set(keys) - set(TrainConfig.model_fields))
+            fixed = sorted(set(keys) & _SAME_FOR_EVERY_CANDIDATE)
+            if wrong or fixed:
+                what = (f"{wrong} are not train keys" if wrong else
+                        f"{fixed} set where and how the run trains, the same for every candidate")
+                raise ValueError(f"train.candidates[{index}]: {what}; a candidate sets model and optimisation "
+                                 "keys only (e.g. {lr: 0.005}); set the others in the train section itself")
+            if keys:
+                try:
+                    self.candidate(index)
+                except ValueError as error:
+                    raise ValueError(f"train.candidates[{index}] {keys} does not make a valid train section: "
+                                     f"{error}") from None
+        return self
 
     @model_validator(mode="after")
     def _members_fit(self) -> TrainConfig:

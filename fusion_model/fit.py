@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -34,6 +35,7 @@ from fusion_model.dataset import row_images
 from fusion_model.files import write_json
 from fusion_model.layout import (
     BEST_CHECKPOINT,
+    CANDIDATES_DIR,
     LAST_CHECKPOINT,
     LIVE_DIR,
     MODEL_CONFIG,
@@ -42,6 +44,7 @@ from fusion_model.layout import (
 )
 from fusion_model.legacy import CURRENT_FORMAT
 from fusion_model.loopback import bind_stores_to_master_addr
+from fusion_model.metrics import greater_is_better
 from fusion_model.module import FusionModule, balanced_class_weight, metric_name, monitor_mode
 from fusion_model.preprocess import Preprocessor
 from fusion_model.processes import die_with_parent
@@ -193,21 +196,103 @@ def _trainer(cfg: TrainConfig, devices: int, on_cuda: bool, max_epochs: int, cal
 
 def run(cfg: TrainConfig) -> dict[str, Any]:
     """Selection: fit on the train split, validation picking the epoch, the members' mix and the decision
-    rule. With `refit` (AutoGluon's refit_full), a second model is then fitted on train + val for that many
-    epochs with that mix and rule: the rows held out for selection are the ones a small table misses most."""
+    rule, for each of `candidates` (the best validation score wins). With `refit` (AutoGluon's refit_full),
+    a second model is then fitted on train + val for that many epochs with that mix and rule: the rows held
+    out for selection are the ones a small table misses most."""
     torch.set_num_threads(cfg.threads_per_rank)
-    pl.seed_everything(cfg.seed, workers=True, verbose=False)
     out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if cfg.multi_host:  # which global ranks ran on this host: its node job reports them with its files
         rank = {k.lower(): int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE")}
         write_json(out_dir / RANKS_DIR / f"rank-{rank['rank']}.json", rank)
     data = ValidatedData.read(cfg.data_dir)
-    pre, kwargs, module = build_module(cfg, data)
-    metric, mode = metric_name(data.problem_type), monitor_mode(data.problem_type)
     on_cuda = uses_cuda(cfg)
     devices = (int(os.environ["LOCAL_WORLD_SIZE"]) if "LOCAL_WORLD_SIZE" in os.environ
                else processes_per_node(cfg.devices, torch.cuda.device_count() if on_cuda else 0))
+    if len(cfg.candidates) == 1:
+        selection = select(cfg.candidate(0), data, devices, on_cuda, out_dir)
+    else:
+        selection = select_candidate(cfg, data, devices, on_cuda)
+    index = selection["summary"].get("chosen_candidate") or 0
+    chosen = cfg.candidate(index)
+    if not cfg.refit:
+        if index == 0:
+            return selection["summary"]
+        # the kept model is the chosen selection's best epoch: fitted again, seeded, where the stage reads it
+        again = select(chosen, data, devices, on_cuda, out_dir, phase="kept ")["summary"]
+        summary = {**again, **{k: selection["summary"][k] for k in ("chosen_candidate", "candidates")}}
+        if int(os.environ.get("RANK", "0")) == 0:
+            write_json(out_dir / TRAIN_SUMMARY, summary)
+        return summary
+    return refit(chosen, data, selection["summary"], selection["modalities"], selection["decision"], devices,
+                 on_cuda, selection["max_epochs"])
+
+
+def select_candidate(cfg: TrainConfig, data: ValidatedData, devices: int, on_cuda: bool) -> dict[str, Any]:
+    """Each candidate's selection (the first in out_dir, candidate i in out_dir/candidates/i, each with its
+    own checkpoints and DVCLive log), the best validation score kept. A resumed run skips the candidates
+    that finished (their selection.json) and continues the one that did not."""
+    out_dir = Path(cfg.out_dir)
+    metric = metric_name(data.problem_type)
+    done: list[dict[str, Any]] = []
+    for index in range(len(cfg.candidates)):
+        folder = out_dir if index == 0 else out_dir / CANDIDATES_DIR / str(index)
+        record = out_dir / CANDIDATES_DIR / f"{index}.json"
+        if cfg.resume and record.exists():
+            done.append(json.loads(record.read_text()))
+            continue
+        candidate = cfg.candidate(index).model_copy(
+            update={"out_dir": folder, "resume": cfg.resume and (folder / LAST_CHECKPOINT).exists()})
+        got = select(candidate, data, devices, on_cuda, folder, phase=f"candidate {index} ")
+        got["summary"] = got["summary"] or json.loads((folder / TRAIN_SUMMARY).read_text())
+        done.append({**got, "index": index})
+        if int(os.environ.get("LOCAL_RANK", "0")) == 0:  # each host's own copy: a resumed run reads it there
+            write_json(record, done[-1])
+    best = _best_candidate(done, greater_is_better(metric), cfg.candidate_tolerance)
+    table = [{"candidate": d["index"], **cfg.candidates[d["index"]], f"val_{metric}": d["summary"].get("best_score"),
+              "best_epoch": d["summary"].get("best_epoch"), "fit_wall_s": d["summary"].get("fit_wall_s")}
+             for d in done]
+    summary = {**best["summary"], "chosen_candidate": best["index"], "candidates": table,
+               "fit_wall_s": round(sum(d["summary"].get("fit_wall_s") or 0.0 for d in done), 2)}
+    if int(os.environ.get("RANK", "0")) == 0:
+        if best["index"] != 0:  # the kept candidate's curves are the run's
+            shutil.rmtree(out_dir / LIVE_DIR, ignore_errors=True)
+            shutil.copytree(out_dir / CANDIDATES_DIR / str(best["index"]) / LIVE_DIR, out_dir / LIVE_DIR)
+        record_candidates(out_dir / LIVE_DIR, best["index"], table, metric)
+        write_json(out_dir / TRAIN_SUMMARY, summary)
+        print(f"[train] candidates: {json.dumps(table)}; kept candidate {best['index']}", flush=True)
+    return {**best, "summary": summary}
+
+
+def _best_candidate(done: list[dict[str, Any]], higher: bool, tolerance: float) -> dict[str, Any]:
+    """The best validation score; a later candidate must beat the one kept by more than `tolerance` of its
+    score (a difference that small is the validation rows' noise, and the first candidate is the default)."""
+    best = done[0]
+    for entry in done[1:]:
+        score, kept = entry["summary"].get("best_score"), best["summary"].get("best_score")
+        if score is not None and (kept is None or
+                                  (score - kept if higher else kept - score) > tolerance * abs(kept)):
+            best = entry
+    return best
+
+
+def record_candidates(live_dir: Path, chosen: int, table: list[dict[str, Any]], metric: str) -> None:
+    """Every candidate's validation score and the choice, in DVCLive's metrics.json (`dvc metrics show`, the run
+    manifest). Written into the file as it is: reopening the log with DVCLive would advance its step."""
+    path = live_dir / "metrics.json"
+    summary = json.loads(path.read_text()) if path.exists() else {}
+    summary["candidates"] = {str(c["candidate"]): {f"val_{metric}": c[f"val_{metric}"]} for c in table}
+    summary["chosen_candidate"] = chosen
+    write_json(path, summary)
+
+
+def select(cfg: TrainConfig, data: ValidatedData, devices: int, on_cuda: bool, out_dir: Path, phase: str = ""
+           ) -> dict[str, Any]:
+    """One configuration's selection fit in `out_dir`: its summary, modalities, last decision rule and epochs."""
+    pl.seed_everything(cfg.seed, workers=True, verbose=False)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pre, kwargs, module = build_module(cfg, data)
+    metric, mode = metric_name(data.problem_type), monitor_mode(data.problem_type)
     checkpoint = ModelCheckpoint(
         dirpath=out_dir, filename=Path(BEST_CHECKPOINT).stem, monitor=f"val/{metric}", mode=mode,
         save_top_k=0 if cfg.refit else 1,  # a refit's model is the one kept: selection keeps only last.ckpt
@@ -215,7 +300,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         enable_version_counter=False,  # overwrite best.ckpt instead of writing best-v1.ckpt
         auto_insert_metric_name=False,
     )
-    progress, throughput = ProgressPrinter(), Throughput(cfg.batch_size)
+    progress, throughput = ProgressPrinter(phase=phase), Throughput(cfg.batch_size)
     callbacks: list[pl.Callback] = [checkpoint, progress, throughput, LearningRateMonitor(logging_interval="step")]
     if cfg.early_stopping_patience:
         callbacks.append(EarlyStopping(monitor=f"val/{metric}", mode=mode, patience=cfg.early_stopping_patience))
@@ -232,16 +317,15 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         # of it holds only tensors and plain data
         check_checkpoint(last)
         resume_from = str(last)
-    finish = FinishRun(cfg, metric, checkpoint, progress, throughput, resume_from)
+    finish = FinishRun(cfg.model_copy(update={"out_dir": out_dir}), metric, checkpoint, progress, throughput,
+                       resume_from)
     trainer.callbacks.append(finish)
     trainer.fit(module, datamodule=FusionDataModule(data, pre, batch_size=cfg.batch_size,
                                                     num_workers=cfg.num_workers), ckpt_path=resume_from)
-    if not cfg.refit:
-        return finish.summary
     # ddp_spawn fitted in its workers: their summary reached this process through the file only
-    selection = finish.summary or json.loads((out_dir / TRAIN_SUMMARY).read_text())
-    return refit(cfg, data, selection, kwargs["modalities"], module.model.decision_state(), devices, on_cuda,
-                 max_epochs)
+    summary = finish.summary or json.loads((out_dir / TRAIN_SUMMARY).read_text())
+    return {"summary": summary, "modalities": kwargs["modalities"], "decision": module.model.decision_state(),
+            "max_epochs": max_epochs}
 
 
 def refit(cfg: TrainConfig, data: ValidatedData, selection: dict[str, Any], modalities: list[str],

@@ -18,3 +18,4 @@ MODEL_FILES: tuple[str, ...] = (WEIGHTS, MODEL_CONFIG, CONVERSION_MANIFEST)
 # and DeepSpeed's engine wraps Lightning's module wrapper, whose `_forward_module` is the LightningModule
 MODEL_PREFIX = "model."
 DEEPSPEED_PREFIX = "_forward_module."
+CANDIDATES_DIR = "candidates"  # train.candidates: <i>/ (candidate i > 0: checkpoints, DVCLive log) and <i>.json (its selection)

@@ -71,3 +71,50 @@ def test_without_refit_the_best_validated_epoch_is_kept(tiny_validated: Path, tm
     assert state["epoch"] + 1 == summary.best_epoch
     config = json.loads((out / "model_config.json").read_text())
     assert config["preprocess"] == build_module(_config(tiny_validated, out), ValidatedData.read(tiny_validated))[0].to_dict()
+
+
+def test_candidates_are_each_selected_and_the_best_validated_one_is_refitted(
+        tiny_validated: Path, tmp_path: Path) -> None:
+    out = tmp_path / "ckpt"
+    cfg = _config(tiny_validated, out, max_epochs=2, candidates=[{}, {"lr": 1e-5, "dropout": 0.3}],
+                  candidate_tolerance=0.0)
+    summary = train(cfg)
+    on_disk = json.loads((out / "train_summary.json").read_text())
+    table = on_disk["candidates"]
+    assert [c["candidate"] for c in table] == [0, 1] and table[1]["lr"] == 1e-5 and table[1]["dropout"] == 0.3
+    # each candidate's score is its own selection's best validated epoch
+    for entry in table:
+        record = json.loads((out / "candidates" / f"{entry['candidate']}.json").read_text())["summary"]
+        assert entry["val_roc_auc"] == max(h["val/roc_auc"] for h in record["history"])
+        assert entry["best_epoch"] == record["best_epoch"]
+    best = max(table, key=lambda c: c["val_roc_auc"])
+    assert summary.chosen_candidate == on_disk["chosen_candidate"] == best["candidate"]
+    assert summary.best_score == best["val_roc_auc"] and summary.refit["epochs"] == best["best_epoch"]
+    # candidate 1 trained in its own folder; the run's checkpoints and log are where a single run keeps them
+    assert (out / "candidates" / "1" / "last.ckpt").exists() and (out / "best.ckpt").exists()
+    live = json.loads((cfg.live_dir / "metrics.json").read_text())  # the stage moved DVCLive's log there
+    assert live["chosen_candidate"] == best["candidate"]
+    assert live["candidates"] == {str(c["candidate"]): {"val_roc_auc": c["val_roc_auc"]} for c in table}
+
+
+@pytest.mark.parametrize(("candidate", "message"), [
+    ({"strategy": "ddp"}, r"\['strategy'\] set where and how the run trains"),
+    ({"learning_rate": 0.1}, r"\['learning_rate'\] are not train keys"),
+    ({"lr": -1.0}, r"candidates\[1\] \{'lr': -1.0\} does not make a valid train section"),
+])
+def test_a_candidate_that_is_not_a_model_setting_is_refused(tmp_path: Path, candidate: dict[str, object],
+                                                            message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        _config(tmp_path, tmp_path / "ckpt", candidates=[{}, candidate])
+
+
+def test_a_later_candidate_must_win_by_more_than_the_tolerance() -> None:
+    from fusion_model.fit import _best_candidate
+
+    def done(*scores: float | None) -> list[dict[str, object]]:
+        return [{"index": i, "summary": {"best_score": s}} for i, s in enumerate(scores)]
+
+    assert _best_candidate(done(0.500, 0.5009), True, 0.002)["index"] == 0  # within 0.2 % of 0.5: noise
+    assert _best_candidate(done(0.500, 0.502, 0.600), True, 0.002)["index"] == 2
+    assert _best_candidate(done(0.300, 0.290), False, 0.002)["index"] == 1  # a loss: lower is better
+    assert _best_candidate(done(None, 0.1), True, 0.002)["index"] == 1

@@ -71,6 +71,9 @@ class TrainSummary(BaseModel):
     stopped_early: bool = False
     # the members of the kept epoch: settings, validation score alone, weight in the mix (fusion_model/fit.py)
     portfolio: dict[str, Any] | None = None
+    # train.candidates: which one was kept, and each one's keys, validation score and best epoch
+    chosen_candidate: int | None = None
+    candidates: list[dict[str, Any]] | None = None
     # the kept model fitted again on train + val: rows, epochs, steps, wall time (fusion_model/fit.py refit)
     refit: dict[str, Any] | None = None
     wall_s: float | None = None  # launch to exit, start-up included
