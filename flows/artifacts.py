@@ -62,3 +62,22 @@ def run_manifest_markdown(manifest_path: Path, summary: Mapping[str, Any]) -> st
     for stage, outs in (summary.get("outs") or {}).items():
         lines += [f"| {stage} | `{path}` | `{md5}` |" for path, md5 in outs.items()]
     return "\n".join(lines) + "\n"
+
+
+def score_markdown(summary: Mapping[str, Any]) -> str:
+    """The scoring run (tasks.score.ScoreSummary as a dict): the model, the rows scored and rejected, per drop."""
+    model, scored = summary["model"], summary.get("scored") or []
+    lines = [
+        "# Scoring", "",
+        f"Model: version **{model['version']}**, sha256 `{model['sha256']}` (`{model.get('folder')}`).", "",
+        f"**{summary['rows_scored']} row(s) scored, {summary['rows_rejected']} rejected** in {len(scored)} drop(s) "
+        f"of `{summary['source']}` ({summary['kind']}); {len(summary.get('already') or [])} drop(s) already scored, "
+        f"{len(summary.get('refused') or [])} refused.",
+    ]
+    if scored:
+        lines += ["", "| drop | rows | scored | rejected | output |", "|---|---|---|---|---|"]
+        lines += [f"| {_cell(d['drop'])} | {d['rows']} | {d['scored']} | {d['rejected']} | `{d['out_dir']}` |"
+                  for d in scored]
+    if summary.get("refused"):
+        lines += ["", "## Refused (nothing written for them)", ""] + [f"- {_cell(r)}" for r in summary["refused"]]
+    return "\n".join(lines) + "\n"

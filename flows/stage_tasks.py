@@ -1,10 +1,11 @@
-"""The retrain flow's steps as Prefect tasks: each a thin `@task` over the stage function
-`tasks.<stage>.<stage>` that `dvc repro` also runs, adding what the Prefect UI shows (markdown and table
-artifacts of the stage's own files).
+"""The flows' steps as Prefect tasks: each a thin `@task` over the stage function `tasks.<stage>.<stage>`
+that `dvc repro` (or `python -m tasks <stage>`) also runs, adding what the Prefect UI shows (markdown and
+table artifacts of the stage's own files).
 
 Only the download is retried, and only for a transient failure (network failures are transient); every
-other step fails at once. The flows that use them: flows/retrain.py (the retrain flow) and
-flows/train_nodes.py (training and the one conversion across hosts). Tests call them or `task.fn(...)`.
+other step fails at once (scoring also retries a transient failure: fetching a URL source). The flows that
+use them: flows/retrain.py (the retrain flow), flows/train_nodes.py (training and the one conversion across
+hosts) and flows/score.py (new rows scored with the champion). Tests call them or `task.fn(...)`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from flows.artifacts import conversion_markdown, run_manifest_markdown, training_markdown
+from flows.artifacts import conversion_markdown, run_manifest_markdown, score_markdown, training_markdown
 from fusion_model.dataset import DatasetSchema
 from tasks._io.files import read_json_if_present
 from tasks.errors import StageError, TransientError
@@ -26,6 +27,7 @@ from tasks.params import (
     EvaluateParams,
     Params,
     PromoteParams,
+    ScoreParams,
     TrainParams,
     ValidateParams,
     VersionParams,
@@ -183,6 +185,31 @@ def promote_task(params: PromoteParams, run_manifest: Path | None) -> Any:
         description="Promotion decision",
     )
     return decision
+
+
+@task(name="score", retries=len(DOWNLOAD_RETRY_DELAYS_S), retry_delay_seconds=DOWNLOAD_RETRY_DELAYS_S,
+      retry_condition_fn=_transient, cache_policy=NO_CACHE)
+def score_task(params: ScoreParams, extra: dict[str, Any]) -> Any:
+    """New rows scored with the champion (tasks/score); the counts and the model in the UI, a refusal's too."""
+    from tasks.score import ScoreRefused, score
+
+    try:
+        summary = score(params, extra)
+    except ScoreRefused as e:  # the drops that were scored are written: show them, and the refused ones
+        _score_artifacts(e.summary)
+        raise
+    _score_artifacts(summary)
+    return summary
+
+
+def _score_artifacts(summary: Any) -> None:
+    data = summary.model_dump(mode="json")
+    create_markdown_artifact(key="score-summary", markdown=score_markdown(data), description=summary.message)
+    if summary.scored:
+        create_table_artifact(
+            key="score-drops", description=f"Drops scored by model version {summary.model['version']}",
+            table=[{**d, "model_version": summary.model["version"], "model_sha256": summary.model["sha256"]}
+                   for d in data["scored"]])
 
 
 def validation_markdown(params: ValidateParams) -> str:

@@ -14,6 +14,7 @@ import posixpath
 import stat
 from collections.abc import Iterable
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -262,6 +263,40 @@ def missing_columns(df: pd.DataFrame, required: Iterable[str]) -> list[str]:
     return [c for c in required if c not in df.columns]
 
 
+@dataclass(frozen=True)
+class RowProblem:
+    """One refused cell of a row to predict: the row (its index label), the column, the cell's value and why;
+    for a photo, `file` is the image path the reason is about."""
+
+    index: Any
+    column: str
+    value: Any
+    reason: str
+    file: str | None = None
+
+
+def row_problems(df: pd.DataFrame, images_root: str | os.PathLike[str], schema: DatasetSchema,
+                 workers: int = 1) -> list[RowProblem]:
+    """Every per-row problem of `df` (rows to predict, with the required columns): the validation suite's
+    per-row rules (required values, numbers, code sets, plausible amounts, safe existing decodable images),
+    tabular columns first, then photos (the first bad file of a row)."""
+    problems: list[RowProblem] = []
+    reasons = tabular_problems(df, schema)
+    for col in reasons.columns:
+        for idx, why in reasons[col][reasons[col] != ""].items():
+            value = df.at[idx, col]
+            problems.append(RowProblem(idx, col, value.item() if hasattr(value, "item") else value, why))
+    image_columns = [c for c in schema.columns.image if c in df.columns]
+    if image_columns:
+        img = check_images(image_cells(df, image_columns), Path(images_root), workers=workers)
+        bad_img = ~img[list(IMAGE_CHECK_COLUMNS)].fillna(True).all(axis=1)
+        for idx, text in img.loc[bad_img, IMAGE_ISSUE].items():
+            path, _, why = text.partition(": ")
+            col = next((c for c in image_columns if path in split_images(df.at[idx, c])), image_columns[0])
+            problems.append(RowProblem(idx, col, df.at[idx, col], why, file=path))
+    return problems
+
+
 def check_prediction_rows(df: pd.DataFrame, images_root: str | os.PathLike[str], schema: DatasetSchema,
                           workers: int = 1, source: str | os.PathLike[str] | None = None) -> None:
     """Refuse rows a trained model cannot score: raise ValueError naming row, column or file, and the fix.
@@ -291,18 +326,9 @@ def check_prediction_rows(df: pd.DataFrame, images_root: str | os.PathLike[str],
         key = f", {schema.id} {df.at[idx, schema.id]!r}" if schema.id and schema.id in df.columns else ""
         return f"{source} data line {position[idx] + 1} (index {idx!r}{key})"
 
-    problems: list[str] = []
-    reasons = tabular_problems(df, schema)
-    for col in reasons.columns:
-        for idx, why in reasons[col][reasons[col] != ""].items():
-            value = df.at[idx, col]
-            value = value.item() if hasattr(value, "item") else value  # numpy scalar -> plain repr
-            problems.append(f"{row(idx)}, column '{col}': value {value!r} is {why}")
-    if schema.columns.image:
-        img = check_images(image_cells(df, schema.columns.image), Path(images_root), workers=workers)
-        bad_img = ~img[list(IMAGE_CHECK_COLUMNS)].fillna(True).all(axis=1)
-        for idx, text in img.loc[bad_img, IMAGE_ISSUE].items():
-            problems.append(f"{row(idx)}, file {text}")
+    problems = [f"{row(p.index)}, file {p.file}: {p.reason}" if p.file is not None
+                else f"{row(p.index)}, column '{p.column}': value {p.value!r} is {p.reason}"
+                for p in row_problems(df, images_root, schema, workers)]
     if problems:
         shown = "\n  ".join(problems[:20])
         more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""

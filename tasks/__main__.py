@@ -7,7 +7,8 @@ restore the promoted models kept under `promote.champion_dir`'s folder, waiting 
 `promote.lock_timeout_s` for a promotion in progress. ``python -m tasks drift --reference TABLE --batch
 TABLE [--json]`` runs the drift gate on two CSV tables (exit 0 passed, 1 drifted, 2 bad input).
 ``python -m tasks dataset infer TABLE [--images-dir DIR] [--label COL]`` drafts the `dataset:` section for
-a table of your own.
+a table of your own. ``python -m tasks score [--source FOLDER_OR_URL]`` scores new rows with the champion
+(params.yaml `score:`; docs/scoring.md).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ STAGES: dict[str, tuple[str, str]] = {
     "evaluate": ("tasks.evaluate", "evaluate"),
     "promote": ("tasks.promote", "promote"),
     "version": ("tasks.version", "version"),
+    # not a DVC stage: it reads the champion (state outside the pipeline) and new rows, as the score flow does
+    "score": ("tasks.score", "score"),
 }
 
 _SCALARS = (str, int, float, bool, Path)

@@ -6,6 +6,7 @@ in params.yaml fails before any work starts, naming the key.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -227,6 +228,31 @@ class VersionParams(_Section):
     lock_timeout_s: float = Field(1800, gt=0)
 
 
+class ScoreParams(_Section):
+    """New rows scored with the champion (tasks/score; `python -m tasks score`, the `score/...` deployments):
+    each drop of `source` (as download.feed's folder / url kinds) checked row by row with the validation
+    rules, its good rows predicted, written to `out_dir/<drop>/` whole (predictions.csv, rejects.jsonl,
+    manifest.json naming the model's version and sha256). A drop already scored is skipped."""
+
+    source: str = Field("data/to_score", min_length=1, description=(
+        "a folder of drops (each a folder with a table and its photos, or a CSV / Parquet table whose photos "
+        "are relative to the folder), or the http(s):// or file:// URL of a listing of drops"))
+    glob: str = Field("*", description="a folder source: which of its entries are drops, taken in name order")
+    champion_dir: Path = Field(Path("models/champion"), description=(
+        "the model to score with: the registry's champion link (promote.champion_dir) or a converted model folder"))
+    out_dir: Path = Field(Path("data/scores"), description="one folder per drop: predictions, rejects, manifest")
+    batch_size: int = Field(256, ge=1, description="rows per forward pass")
+    workers: int = Field(2, ge=1, description="image checks in parallel")
+    rescore: bool = Field(False, description="score drops already scored again (their folders replaced whole)")
+    timeout_s: float = Field(60, gt=0, description="a URL source: connect / read timeout per request")
+    max_attempts: int = Field(5, ge=1, description="a URL source: tries on transient failures")
+
+    @property
+    def kind(self) -> Literal["folder", "url"]:
+        """url when `source` is a URL, else folder (download.feed's kinds)."""
+        return "url" if re.match(r"^(https?|file)://", self.source) else "folder"
+
+
 class DatasetLabelParams(_Section):
     column: str | None = None
     problem_type: ProblemType | None = None
@@ -283,6 +309,7 @@ class Params(_Section):
     evaluate: EvaluateParams = EvaluateParams()
     promote: PromoteParams = PromoteParams()
     version: VersionParams = VersionParams()
+    score: ScoreParams = ScoreParams()
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
