@@ -29,6 +29,9 @@ TINY: dict[str, Any] = {
         "image_model": "test_resnet", "image_size": 32, "text_buckets": 1024, "cat_dim": 4,
         "adapter_dim": 16, "hidden_sizes": [16], "max_epochs": 1, "batch_size": 16, "strategy": "deepspeed",
         "zero_stage": 2, "devices": 2, "accelerator": "cpu", "num_workers": 0,
+        # one configuration: the runs here compare one-key changes (lr, epochs), which a candidate's own
+        # keys would override; the candidates are tested in test_refit.py
+        "candidates": [{}],
     },
     "evaluate": {"batch_size": 64},
     # one epoch on 400 rows is not meant to beat the classical baseline; the gate has tests of its own

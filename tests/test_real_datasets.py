@@ -25,7 +25,7 @@ STAGES = ("download", "validate", "train", "convert", "evaluate")
 # A few hundred rows, one epoch of the tiny timm model on one process: every stage in seconds.
 TINY_TRAIN = {"image_model": "test_resnet", "image_size": 32, "text_buckets": 4096, "adapter_dim": 16,
               "hidden_sizes": [32], "max_epochs": 3, "batch_size": 32, "strategy": "ddp", "devices": 1,
-              "accelerator": "cpu", "lr": 0.005}
+              "accelerator": "cpu", "lr": 0.005, "candidates": [{}]}
 REVIEWS = {"text": ["Title", "Review Text"],
            "categorical": ["Clothing ID", "Division Name", "Department Name", "Class Name"],
            "numerical": ["Age", "Positive Feedback Count"]}
