@@ -318,25 +318,35 @@ def test_prefect_yaml_deployments_are_valid_for_this_flow() -> None:
     from prefect.client.schemas.schedules import CronSchedule
 
     from flows.champion import champion
+    from flows.score import score
     from flows.train_nodes import train_node
 
     config = yaml.safe_load((ROOT / "prefect.yaml").read_text())
-    deployments = {d["name"]: d for d in config["deployments"]}
-    assert set(deployments) == {"nightly", "on-demand", "champion", "node"}
-    flows = {"champion": champion, "node": train_node}
-    for d in deployments.values():
+    flows = {f.name: f for f in (retrain, champion, score, train_node)}
+    # Prefect names a deployment '<flow>/<deployment>', so two flows may each have an 'on-demand'
+    deployments = {}
+    for d in config["deployments"]:
         path, _, name = d["entrypoint"].partition(":")
-        flow_ = flows.get(d["name"], retrain)
-        assert (ROOT / path).is_file() and name == flow_.fn.__name__
+        [flow_] = [f for f in flows.values() if f.fn.__name__ == name]
+        assert (ROOT / path).is_file(), d["entrypoint"]
+        key = f"{flow_.name}/{d['name']}"
+        assert key not in deployments, f"{key} is declared twice"
+        deployments[key] = (d, flow_)
+    assert set(deployments) == {
+        "retrain/nightly", "retrain/on-demand", "champion/champion", "train-node/node", "score/on-demand",
+        "score/nightly",
+    }
+    for d, flow_ in deployments.values():
         assert d["work_pool"]["name"] == "retrain-pool"
         if d["name"] == "node":  # started by the retrain flow with its parameters, one per host at once
             assert d["tags"] == ["retrain", "node"] and "parameters" not in d
             continue
         assert d["concurrency_limit"] == {"limit": 1, "collision_strategy": "ENQUEUE"}
         flow_.validate_parameters(d["parameters"])  # raises on a parameter the flow does not take
-    [schedule] = deployments["nightly"]["schedules"]
-    CronSchedule(cron=schedule["cron"], timezone=schedule["timezone"])
-    assert deployments["nightly"]["parameters"]["source"] == "synthetic"
+    for key in ("retrain/nightly", "score/nightly"):
+        [schedule] = deployments[key][0]["schedules"]
+        CronSchedule(cron=schedule["cron"], timezone=schedule["timezone"])
+    assert deployments["retrain/nightly"][0]["parameters"]["source"] == "synthetic"
     # runs happen in a clone the worker keeps, never in the folder `prefect deploy` ran in
     steps = [next(iter(step)) for step in config["pull"]]
     assert steps[-2:] == ["prefect.deployments.steps.git_clone", "prefect.deployments.steps.set_working_directory"]
