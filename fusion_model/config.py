@@ -33,6 +33,17 @@ class HostConfig(BaseModel):
     work_queue: str = Field(min_length=1)
 
 
+class LinearPenalties(BaseModel):
+    """The linear member's L2 penalty per block of inputs (per training row: logistic regression's
+    1 / (2 C)); null: chosen on the validation rows, the lowest validation loss of a small grid."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: float | None = Field(None, gt=0)
+    categorical: float | None = Field(None, gt=0)
+    numerical: float | None = Field(None, gt=0)
+
+
 class WideMember(BaseModel):
     """One member of the network's portfolio: how its wide text and code logits learn. Every member shares
     the encoders and the TabM body; each has its own heads and wide tables, and validation mixes them."""
@@ -90,9 +101,15 @@ class TrainConfig(BaseModel):
     numeric_embedding_dim: int = Field(16, ge=1)
     # a numerical column with at most this many distinct training values also enters as a code (0: never)
     numeric_codes_max: int = Field(0, ge=0)
+    # each `dataset.frequency` key (a rescuer, an item) also enters as a code: its own embedding and logits
+    frequency_codes: bool = True
     # the row key enters as a number too when every training value is an integer (a catalogue number)
     id_as_number: bool = True
     category_logits: bool = True
+    # the linear member: a penalised linear model over the text n-grams, codes and numbers, fitted to
+    # convergence before the deep half trains and weighed in the validation mix (fusion_model/wide_fit.py)
+    linear_member: bool = True
+    linear_l2: LinearPenalties = Field(default_factory=lambda: LinearPenalties())
     # the portfolio: members of one network, mixed by weights fitted on validation (fusion tabm)
     members: list[WideMember] = Field(default_factory=lambda: [m.model_copy() for m in DEFAULT_MEMBERS],
                                       min_length=1)

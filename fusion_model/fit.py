@@ -17,6 +17,7 @@ import os
 import shutil
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,7 @@ from fusion_model.processes import die_with_parent
 from fusion_model.safe_load import check_checkpoint
 from fusion_model.strategies import build_strategy
 from fusion_model.summary import FinishRun
+from fusion_model.wide_fit import fit_linear
 
 quiet.install()  # at import, so every rank (ddp_spawn's re-import it) drops the known third-party noise
 FORMAT_VERSION = CURRENT_FORMAT  # the format this version writes (fusion_model/legacy.py reads the older ones)
@@ -108,6 +110,7 @@ def model_kwargs(cfg: TrainConfig, pre: Preprocessor, num_classes: int, modaliti
         "numeric_embedding_dim": cfg.numeric_embedding_dim,
         "member_text_scale": [m.text_lr_multiplier for m in cfg.members],
         "member_category_scale": [m.category_lr_multiplier for m in cfg.members],
+        "linear_member": cfg.linear_member,
     }
 
 
@@ -139,6 +142,7 @@ def build_module(cfg: TrainConfig, data: ValidatedData, modalities: list[str] | 
                            image_index=cfg.image_index, text_ngrams=cfg.text_ngrams, text_min_df=cfg.text_min_df,
                            text_max_features=cfg.text_max_features, numeric_bins=cfg.numeric_bins,
                            numeric_codes_max=cfg.numeric_codes_max, bin_min_rows=cfg.bin_min_rows,
+                           frequency_codes=cfg.frequency_codes,
                            labels=train_labels if cfg.fusion == "tabm" else None,
                            ordered_labels=problem_type in ("ordinal", "regression"),
                            id_as_number=cfg.id_as_number,
@@ -165,7 +169,34 @@ def build_module(cfg: TrainConfig, data: ValidatedData, modalities: list[str] | 
         target = np.log1p(np.clip(train_labels, 0, None)) if schema.label.transform == "log1p" else train_labels
         module.model.target_mean.fill_(float(np.mean(target)))
         module.model.target_std.fill_(float(np.std(target)) or 1.0)
+    if module.model.linear is not None:
+        module.linear_report = fit_linear_member(module.model, pre, data, train_labels, cfg)
     return pre, kwargs, module
+
+
+def fit_linear_member(model: Any, pre: Preprocessor, data: ValidatedData, labels: np.ndarray, cfg: TrainConfig
+                      ) -> dict[str, Any]:
+    """The linear member fitted on `data.train`, each penalty not set in `cfg` chosen on `data.val`."""
+    def batch(df: pd.DataFrame) -> dict[str, torch.Tensor]:
+        ids, counts = pre.text(df)
+        return {"text_ids": ids, "text_counts": counts, "categorical": pre.categorical(df),
+                "numeric": pre.numeric(df, in_train=df is data.train)}
+
+    scale: dict[str, Any] = {}
+    if model.problem_type == "regression":
+        scale = {"target_mean": float(model.target_mean), "target_std": float(model.target_std),
+                 "target_transform": model.target_transform}
+    l2 = cfg.linear_l2.model_dump()
+    choose = any(v is None for v in l2.values())
+    started = time.perf_counter()
+    report = fit_linear(model, batch(data.train), torch.as_tensor(labels), l2=l2, loss_kwargs=scale,
+                        val_batch=batch(data.val) if choose else None,
+                        val_labels=torch.as_tensor(data.labels(data.val)) if choose else None)
+    report["fit_wall_s"] = round(time.perf_counter() - started, 2)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"[train] linear member: L2 {report['l2']}{' (chosen on validation)' if choose else ''}, fitted in "
+              f"{report['fit_wall_s']} s", flush=True)
+    return report
 
 
 def write_model_config(out_dir: Path, kwargs: dict[str, Any], pre: Preprocessor, data: ValidatedData) -> None:
@@ -224,6 +255,8 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         if int(os.environ.get("RANK", "0")) == 0:
             write_json(out_dir / TRAIN_SUMMARY, summary)
         return summary
+    if selection.get("linear"):  # the refit's linear member keeps the penalties validation chose
+        chosen = chosen.model_copy(update={"linear_l2": chosen.linear_l2.model_copy(update=selection["linear"]["l2"])})
     return refit(chosen, data, selection["summary"], selection["modalities"], selection["decision"], devices,
                  on_cuda, selection["max_epochs"])
 
@@ -325,7 +358,7 @@ def select(cfg: TrainConfig, data: ValidatedData, devices: int, on_cuda: bool, o
     # ddp_spawn fitted in its workers: their summary reached this process through the file only
     summary = finish.summary or json.loads((out_dir / TRAIN_SUMMARY).read_text())
     return {"summary": summary, "modalities": kwargs["modalities"], "decision": module.model.decision_state(),
-            "max_epochs": max_epochs}
+            "max_epochs": max_epochs, "linear": getattr(module, "linear_report", None)}
 
 
 def refit(cfg: TrainConfig, data: ValidatedData, selection: dict[str, Any], modalities: list[str],

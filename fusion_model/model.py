@@ -22,7 +22,7 @@ from torch import nn
 from fusion_model import heads
 from fusion_model.dataset import MODALITIES
 from fusion_model.tabular import TabularEncoder
-from fusion_model.wide import CategoryLogit, TextLogit
+from fusion_model.wide import CategoryLogit, LinearMember, TextLogit
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {
     "relu": nn.ReLU, "gelu": nn.GELU, "leaky_relu": nn.LeakyReLU, "tanh": nn.Tanh,
@@ -144,6 +144,7 @@ class FusionModel(nn.Module):
         numeric_embedding_dim: int = 16,
         member_text_scale: Sequence[float] = (1.0,),
         member_category_scale: Sequence[float] = (1.0,),
+        linear_member: bool = False,
     ) -> None:
         super().__init__()
         if activation not in _ACTIVATIONS:
@@ -174,9 +175,23 @@ class FusionModel(nn.Module):
         if problem_type == "regression":  # the training labels' scale (after the transform)
             self.register_buffer("target_mean", torch.zeros(()))
             self.register_buffer("target_std", torch.ones(()))
-        # the members' mix, fitted on validation (uniform until then); head h belongs to member h % members
-        self.register_buffer("member_weights", torch.full((members,), 1.0 / members))
-        self.register_buffer("head_member", torch.arange(k) % members, persistent=False)
+        # the linear member (fusion_model/wide.py), where the model has text or code logits: one more head and
+        # one more member of the mix, after the deep members
+        tabular = "tabular" in self.modalities
+        self.linear: LinearMember | None = None
+        if linear_member and ("text" in self.modalities or tabular):
+            self.linear = LinearMember(
+                text_vocab_size if "text" in self.modalities else 0, list(cat_cardinalities) if tabular else [],
+                list(numeric_bins or []) if tabular and fusion == "tabm" else [], width,
+                num_classes if problem_type == "ordinal" else 0)
+        self.mixed = members + (self.linear is not None)  # members the validation mix weighs
+        # the members' mix, fitted on validation (uniform until then); head h belongs to member h % members,
+        # the linear member's head (last) to the last member
+        self.register_buffer("member_weights", torch.full((self.mixed,), 1.0 / self.mixed))
+        head_member = torch.arange(k) % members
+        if self.linear is not None:
+            head_member = torch.cat([head_member, torch.tensor([members])])
+        self.register_buffer("head_member", head_member, persistent=False)
         # a member's learning-rate multiplier as a constant scale of its wide logits: under Adam a weight
         # moves ~lr per step whatever its gradient's size, so the scaled logit moves `scale` times as fast
         self.register_buffer("text_scale", torch.tensor(list(member_text_scale), dtype=torch.float32),
@@ -281,10 +296,14 @@ class FusionModel(nn.Module):
             else:
                 logits = self.head(self.mlp(self.view(x)))
         for part in wide:  # [batch, members, width] -> each head gets its member's
-            part = part[:, self.head_member]
+            part = part[:, self.head_member[: self.k]]
             logits = part if logits is None else logits + part.to(logits.dtype)
         assert logits is not None  # modalities is non-empty
-        return self.ordinal(logits) if self.ordinal is not None else logits
+        logits = self.ordinal(logits) if self.ordinal is not None else logits
+        if self.linear is None:
+            return logits
+        linear = self.linear(getattr(self, "text", None), batch, mask)
+        return torch.cat([logits, linear.to(logits.dtype).unsqueeze(1).expand(logits.shape[0], 1, -1)], dim=1)
 
     def member_view(self, wide: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         """A wide logit [batch, members * width] as [batch, members, width], times each member's scale."""
@@ -324,13 +343,13 @@ class FusionModel(nn.Module):
     def head_weights(self, member_weights: torch.Tensor | None = None) -> torch.Tensor:
         """Per head: its member's weight shared equally by the member's heads."""
         mw = self.member_weights if member_weights is None else member_weights
-        per_member = torch.bincount(self.head_member, minlength=self.members).to(mw.dtype)
+        per_member = torch.bincount(self.head_member, minlength=self.mixed).to(mw.dtype)
         return mw[self.head_member] / per_member[self.head_member]
 
     def member_outputs(self, raw: torch.Tensor) -> torch.Tensor:
         """Heads' raw outputs [batch, heads, width] -> each member's [batch, members, width] (its heads mixed)."""
-        alone = torch.eye(self.members, device=self.member_weights.device)  # member m's weights: all on m
-        return torch.stack([self.combine(raw, self.head_weights(alone[m])) for m in range(self.members)], dim=1)
+        alone = torch.eye(self.mixed, device=self.member_weights.device)  # member m's weights: all on m
+        return torch.stack([self.combine(raw, self.head_weights(alone[m])) for m in range(self.mixed)], dim=1)
 
     def forward(self, batch: dict[str, torch.Tensor], mask: Iterable[str] = ()) -> torch.Tensor:
         """The raw output [batch, width] (the heads combined): see ``head_outputs`` and ``combine``."""
@@ -371,6 +390,8 @@ class FusionModel(nn.Module):
             scale = {"target_mean": float(self.target_mean), "target_std": float(self.target_std),
                      "target_transform": self.target_transform}
         aux_labels = labels  # the auxiliary heads see each row once
+        if raw.dim() == 3 and self.linear is not None:
+            raw = raw[:, :-1]  # the linear member is fitted before training (fusion_model/wide_fit.py)
         if raw.dim() == 3:
             raw, labels = raw.reshape(-1, raw.shape[2]), labels.repeat_interleave(raw.shape[1])
         main = heads.loss(raw, labels, self.problem_type, class_weight=class_weight, **scale)

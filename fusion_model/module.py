@@ -108,13 +108,13 @@ class FusionModule(pl.LightningModule):
         y = labels.cpu().numpy()
         name = metric_name(self.problem_type)
         members = self.model.member_outputs(raw)  # [rows, members, width]
-        if self.model.members > 1:
+        if self.model.mixed > 1:
             def mix_loss(weights: torch.Tensor) -> float:
                 mixed = self.model.combine(members, weights.to(members.device))
                 return float(self.model.loss(mixed, labels))
 
-            self.model.member_weights.copy_(greedy_weights(self.model.members, mix_loss).to(members.device))
-            for m in range(self.model.members):  # each member alone, with its own decision rule
+            self.model.member_weights.copy_(greedy_weights(self.model.mixed, mix_loss).to(members.device))
+            for m in range(self.model.mixed):  # each member alone, with its own decision rule
                 alone = self._metrics(members[:, m], y, store=False)[name]
                 self.log(f"val/member_{m}/{name}", float(alone) if alone is not None else math.nan,
                          on_epoch=True, sync_dist=False, rank_zero_only=False)

@@ -123,6 +123,7 @@ class Preprocessor:
         text_ngrams: int = 3, text_min_df: int = 2, text_max_features: int = 1024, numeric_bins: int = 16,
         numeric_codes_max: int = 0, labels: np.ndarray | None = None, ordered_labels: bool = False,
         bin_min_rows: int = 8, id_as_number: bool = False, numeric_output: str = "encodings",
+        frequency_codes: bool = False,
     ) -> Preprocessor:
         """Statistics from the training split only (never val/test: that would leak). A numerical column with
         at most `numeric_codes_max` distinct training values (a year, a count of a few kinds) also enters as
@@ -143,6 +144,8 @@ class Preprocessor:
         coded = [c for c in columns.numerical
                  if 1 < train[c].map(canonical).replace("", None).nunique() <= numeric_codes_max]
         categorical = [*columns.categorical, *coded]
+        if frequency_codes:  # a key counted for its frequency (a rescuer, an item) also enters as a code
+            categorical += [c for c in schema.frequency if c not in categorical and c in train.columns]
         numerical = list(columns.numerical)
         if id_as_number and schema.id and schema.id in train.columns and schema.id not in numerical \
                 and _integer_valued(train[schema.id]):

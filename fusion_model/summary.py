@@ -155,7 +155,10 @@ class FinishRun(pl.Callback):
             "history": history,
             "best_epoch": best_epoch,
             # the members of the kept epoch: settings, validation score alone, weight in the mix
-            "portfolio": portfolio(history, best_epoch, self.metric, [m.model_dump() for m in cfg.members]),
+            "portfolio": portfolio(history, best_epoch, self.metric, [m.model_dump() for m in cfg.members] + (
+                [{"linear": {k: v for k, v in linear.items() if k != "tried"}}]
+                if (linear := getattr(pl_module, "linear_report", None)) else [])),
+            "linear_member": getattr(pl_module, "linear_report", None),
             # the kept epoch's mix and decision rule (the model's buffers), which a refit carries over
             "decision": decisions.get(best_epoch) if best_epoch is not None else None,
             "stopped_early": bool(getattr(trainer.early_stopping_callback, "stopped_epoch", 0)),

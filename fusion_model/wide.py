@@ -41,14 +41,18 @@ class TextLogit(nn.Module):
         self.idf.copy_(torch.from_numpy(idf))
         self.order.copy_(torch.from_numpy(order))
 
-    def forward(self, ids: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    def row_weights(self, ids: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each n-gram's row of the table and its weight [rows, width] (0 for padding and rare buckets)."""
         rows = self.rows[ids]
         tf = torch.where(counts > 0, 1 + torch.log(counts.clamp_min(1)), torch.zeros_like(counts))
         weights = tf * self.idf[rows]
         order = self.order[rows].clamp(0, self.max_order)
         norms = torch.zeros(weights.shape[0], self.max_order + 1, dtype=weights.dtype, device=weights.device)
         norms = norms.scatter_add(1, order, weights * weights).sqrt().clamp_min(1e-6)
-        weights = weights / norms.gather(1, order)
+        return rows, weights / norms.gather(1, order)
+
+    def forward(self, ids: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        rows, weights = self.row_weights(ids, counts)
         return self.bag(rows, per_sample_weights=weights.to(self.bag.weight.dtype))
 
 
@@ -64,3 +68,67 @@ class CategoryLogit(nn.Module):
     def forward(self, categorical: torch.Tensor) -> torch.Tensor:
         return sum(table(categorical[:, i]) for i, table in enumerate(self.tables))
 
+
+
+LINEAR_BLOCKS = ("text", "categorical", "numerical")  # the linear member's inputs, each with its own penalty
+
+
+class LinearMember(nn.Module):
+    """The network's linear member: one penalised linear model (a GLM) over the text n-grams (as `TextLogit`
+    weighs them), the codes (one-hot) and the numbers (piecewise-linear over their bins, rtdl_num_embeddings),
+    fitted to convergence before the deep half trains (fusion_model/wide_fit.py) and kept as fitted. Its
+    weights are buffers: no optimizer step moves them, and they travel in the checkpoint and
+    model.safetensors. Output: raw logits [rows, width] (class logits, the standardised regression value)
+    or, for an ordinal label, cumulative logits `score - threshold_k` [rows, K-1]."""
+
+    def __init__(self, text_rows: int, cardinalities: Sequence[int], numeric_bins: Sequence[Sequence[float]],
+                 width: int, ordinal_classes: int = 0) -> None:
+        super().__init__()
+        self.register_buffer("text_weight", torch.zeros(text_rows, width) if text_rows else None)
+        self.register_buffer("categorical_weight",
+                             torch.zeros(int(sum(cardinalities)), width) if cardinalities else None)
+        offsets = np.concatenate([[0], np.cumsum(cardinalities)[:-1]]) if cardinalities else np.zeros(0)
+        self.register_buffer("code_offsets", torch.as_tensor(offsets, dtype=torch.int64), persistent=False)
+        self.numeric_encoding: nn.Module | None = None
+        if numeric_bins:
+            from rtdl_num_embeddings import PiecewiseLinearEncoding
+
+            with torch.device("cpu"):  # the library checks the edges with Python `if`s (see TabularEncoder)
+                self.numeric_encoding = PiecewiseLinearEncoding(
+                    [torch.tensor(edges, dtype=torch.float32) for edges in numeric_bins])
+        total_bins = sum(len(e) - 1 for e in numeric_bins)
+        self.register_buffer("numerical_weight", torch.zeros(total_bins, width) if numeric_bins else None)
+        # the intercept per output, or an ordinal label's increasing thresholds
+        self.register_buffer("intercept", torch.zeros(ordinal_classes - 1 if ordinal_classes else width))
+        self.ordinal = bool(ordinal_classes)
+
+    def weight(self, block: str) -> torch.Tensor:
+        return self.get_buffer(f"{block}_weight")
+
+    def inputs(self, text: TextLogit | None, batch: dict[str, torch.Tensor]) -> dict[str, object]:
+        """Per block: the text's (table rows, weights), the codes' rows of `categorical_weight`, the
+        numbers' encodings [rows, bins]."""
+        out: dict[str, object] = {}
+        if self.text_weight is not None and text is not None:
+            out["text"] = text.row_weights(batch["text_ids"], batch["text_counts"])
+        if self.categorical_weight is not None:
+            out["categorical"] = batch["categorical"] + self.code_offsets
+        if self.numeric_encoding is not None:
+            out["numerical"] = self.numeric_encoding(batch["numeric"].float())
+        return out
+
+    def forward(self, text: TextLogit | None, batch: dict[str, torch.Tensor], mask: set[str]) -> torch.Tensor:
+        parts = []
+        for block, value in self.inputs(text, batch).items():
+            weight = self.weight(block)
+            if block == "text":
+                rows, weights = value  # type: ignore[misc]
+                out = nn.functional.embedding_bag(rows, weight, per_sample_weights=weights.to(weight.dtype), mode="sum")
+            elif block == "categorical":
+                out = nn.functional.embedding(value, weight).sum(1)  # type: ignore[arg-type]
+            else:
+                out = value.to(weight.dtype) @ weight  # type: ignore[union-attr]
+            parts.append(out * 0 if ("text" if block == "text" else "tabular") in mask else out)
+        rows = batch["categorical"].shape[0]
+        score = torch.stack(parts).sum(0) if parts else torch.zeros(rows, 1 if self.ordinal else len(self.intercept))
+        return score - self.intercept if self.ordinal else score + self.intercept

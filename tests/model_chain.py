@@ -43,14 +43,15 @@ def tiny_train_config(data_dir: Path, out_dir: Path) -> TrainConfig:
 
 def _zero_head_checkpoint(src_dir: Path, dest_dir: Path) -> None:
     """The training checkpoint with every part that adds to the logits set to zero (the deep head, the
-    linear text and per-code logits), beside its config and summary."""
+    wide text and per-code logits, the linear member's weights and intercept), beside its config and summary."""
     dest_dir.mkdir(parents=True)
     for name in ("model_config.json", "train_summary.json"):
         shutil.copy2(src_dir / name, dest_dir / name)
     checkpoint = torch.load(src_dir / "best.ckpt", map_location="cpu", weights_only=True)
     state = checkpoint["state_dict"]
-    logit_parts = [k for k in state if k.startswith(("model.head.", "model.text.bag.", "model.category_logit."))]
-    assert {"model.head.weight", "model.text.bag.weight"} <= set(logit_parts), sorted(state)
+    logit_parts = [k for k in state if k.startswith(("model.head.", "model.text.bag.", "model.category_logit."))
+                   or (k.startswith("model.linear.") and k.endswith(("_weight", "intercept")))]
+    assert {"model.head.weight", "model.text.bag.weight", "model.linear.text_weight"} <= set(logit_parts), sorted(state)
     for key in logit_parts:
         state[key] = torch.zeros_like(state[key])
     torch.save(checkpoint, dest_dir / "best.ckpt")

@@ -103,9 +103,12 @@ def test_the_ensemble_is_one_converted_file_that_predicts_alone(tiny_model_chain
     rows = read_rows_csv(_new_rows(chain, tmp_path))
     proba = predictor.predict_proba(rows, chain.images_root)
     alone = []
-    for m in range(model.members):  # each member alone; the prediction mixes their probabilities
-        model.member_weights.copy_(torch.nn.functional.one_hot(torch.tensor(m), model.members).float())
+    # the deep members, then the linear member (fusion_model/wide.py), in the file beside them
+    assert model.linear is not None and model.mixed == model.members + 1
+    for m in range(model.mixed):  # each member alone; the prediction mixes their probabilities
+        model.member_weights.copy_(torch.nn.functional.one_hot(torch.tensor(m), model.mixed).float())
         alone.append(predictor.predict_proba(rows, chain.images_root))
     mixed = sum(w * a for w, a in zip(weights.tolist(), alone, strict=True))
     np.testing.assert_allclose(proba, mixed, rtol=1e-5, atol=1e-6)
     assert not np.allclose(alone[0], alone[1])  # the members differ: their wide logits train apart
+    assert not np.allclose(alone[0], alone[-1])

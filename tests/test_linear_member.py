@@ -1,0 +1,130 @@
+"""The linear member (fusion_model/wide.py, wide_fit.py): the GLM over the network's own text n-grams and codes,
+fitted before the deep half trains, its penalties chosen on validation, weighed in the members' mix."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from sklearn.linear_model import LogisticRegression
+
+from fusion_model.config import TrainConfig
+from fusion_model.data import FusionDataset, ValidatedData
+from fusion_model.fit import build_module
+from fusion_model.wide_fit import L2_GRIDS, _walk, design
+from tests.validated_tables import make_validated
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def validated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_validated(tmp_path_factory.mktemp("linear"), n_train=96, n_val=48, n_test=16)
+
+
+def _config(validated: Path, **keys: object) -> TrainConfig:
+    return TrainConfig.model_validate({"data_dir": validated, "image_size": 32, "hidden_sizes": [16, 16],
+                                       "ensemble_size": 4, "text_buckets": 4096, **keys})
+
+
+def _batch(data: ValidatedData, pre, df) -> dict[str, torch.Tensor]:  # noqa: ANN001
+    ds = FusionDataset(df, pre, data.dataset_root, labels=data.labels(df))
+    return {k: torch.stack([ds[i][k] for i in range(len(ds))]) for k in ds[0]}
+
+
+def test_the_fitted_member_is_scikit_learns_logistic_regression_on_the_same_features(validated: Path) -> None:
+    data = ValidatedData.read(validated)
+    l2 = 0.5
+    pre, _, module = build_module(_config(validated, linear_l2={"text": l2, "categorical": l2, "numerical": l2}), data)
+    model = module.model.eval()
+    assert model.linear is not None
+    batch = _batch(data, pre, data.train)
+    x = design(model, batch)
+    assert list(x) == ["text", "categorical", "numerical"]
+    features = np.hstack([m.toarray() for m in x.values()])
+    # two softmax logits with L2 on both are one logistic regression of their difference at half the
+    # penalty: mean loss + l2 |w|^2 / n  ==  scikit-learn's C = 1 / l2 on the difference
+    reference = LogisticRegression(C=1 / l2, tol=1e-10, max_iter=10_000).fit(features, batch["label"].numpy())
+    with torch.no_grad():
+        linear = model.head_outputs(batch)[:, -1]  # the linear member's head: the last one
+    ours = torch.softmax(linear, -1)[:, 1].numpy()
+    theirs = reference.predict_proba(features)[:, 1]
+    assert np.abs(ours - theirs).max() < 5e-3
+    # ... and not a regression at another penalty: half or twice it lands measurably elsewhere
+    for c in (0.5 / l2, 2 / l2):
+        other = LogisticRegression(C=c, tol=1e-10, max_iter=10_000).fit(features, batch["label"].numpy())
+        assert np.abs(ours - other.predict_proba(features)[:, 1]).max() > 1e-2
+    assert all(model.linear.weight(b).abs().sum() > 0 for b in x)
+
+
+def test_penalties_left_unset_are_chosen_on_validation_and_recorded(validated: Path) -> None:
+    data = ValidatedData.read(validated)
+    _, _, module = build_module(_config(validated), data)
+    report = module.linear_report
+    tried = report["tried"]
+    assert set(tried) == set(report["l2"]) == {"text", "categorical", "numerical"}
+    for block, scores in tried.items():  # the chosen penalty: the lowest validation loss of those tried
+        scores = {float(k): v for k, v in scores.items()}
+        assert report["l2"][block] in L2_GRIDS[block] and min(scores, key=scores.get) == report["l2"][block]
+
+
+def test_the_walk_finds_the_grid_minimum_without_trying_every_value() -> None:
+    grid = (0.01, 0.1, 1.0, 10.0, 100.0, 1000.0, 10_000.0)
+    calls: list[float] = []
+
+    def score(value: float) -> float:
+        calls.append(value)
+        return (np.log10(value) - 1) ** 2  # lowest at 10
+
+    best, scores = _walk(grid, 3, score)
+    assert best == 10.0 and scores[10.0] == 0.0
+    assert len(calls) < len(grid) and len(set(calls)) == len(calls)
+    assert _walk(grid, 3, lambda v: -v)[0] == 10_000.0  # to the end of the grid
+
+
+def test_ordinal_labels_get_increasing_thresholds_and_the_member_joins_the_mix(tmp_path: Path) -> None:
+    validated = make_validated(tmp_path, n_train=96, n_val=48, n_test=16, problem_type="ordinal")
+    data = ValidatedData.read(validated)
+    pre, _, module = build_module(_config(validated), data)
+    model = module.model.eval()
+    thresholds = model.linear.intercept
+    assert thresholds.shape == (4,) and bool((thresholds[1:] > thresholds[:-1]).all())
+    batch = _batch(data, pre, data.val)
+    with torch.no_grad():
+        raw = model.head_outputs(batch)
+    assert raw.shape == (len(data.val), model.k + 1, 4)  # the deep heads, then the linear member
+    assert model.mixed == model.members + 1 and model.member_weights.shape == (model.mixed,)
+    # words and codes carry part of the label (Age, a number, the rest): the linear member alone follows it
+    expected = torch.sigmoid(raw[:, -1]).sum(1).numpy()
+    labels = batch["label"].numpy()
+    assert np.corrcoef(expected, labels)[0, 1] > 0.5
+
+
+def test_masking_a_modality_masks_its_part_of_the_linear_member(validated: Path) -> None:
+    data = ValidatedData.read(validated)
+    pre, _, module = build_module(_config(validated, linear_l2={"text": 0.5, "categorical": 0.5, "numerical": 0.5}),
+                                  data)
+    model = module.model.eval()
+    batch = _batch(data, pre, data.val)
+    with torch.no_grad():
+        full = model.head_outputs(batch)[:, -1]
+        both = model.head_outputs(batch, mask={"text", "tabular"})[:, -1]
+        no_text = model.head_outputs(batch, mask={"text"})[:, -1]
+    assert torch.allclose(both, model.linear.intercept.expand_as(both))
+    assert not torch.allclose(no_text, full) and not torch.allclose(no_text, both)
+
+
+def test_without_the_linear_member_the_model_has_no_extra_head(validated: Path) -> None:
+    data = ValidatedData.read(validated)
+    _, kwargs, module = build_module(_config(validated, linear_member=False), data)
+    assert module.model.linear is None and module.model.mixed == module.model.members
+    assert kwargs["linear_member"] is False and not hasattr(module, "linear_report")
