@@ -8,21 +8,25 @@ signal the network gets (the columns by role of the dataset schema):
   regression for ordinal and regression labels);
 - images: a linear model of cheap colour features of each row's photo (an 8x8 thumbnail and per-channel
   histograms, the photo the network uses);
+- the codes and the `dataset.frequency` keys (a rescuer, an item: thousands of values), target-encoded
+  out of fold (scikit-learn's TargetEncoder: each value's shrunk mean label, cross-fitted);
 - their out-of-fold scores on the training rows (full-fit scores on the other rows) are features, beside
-  the tabular columns (codes as categories, numbers), the lengths of the texts and the same training-row
-  frequencies the network counts (`dataset.frequency`), of
+  the tabular columns (the frequent codes as native categories, numbers), the lengths of the texts and the
+  same training-row frequencies the network counts, of
 - a gradient-boosted tree model (HistGradientBoosting): a classifier for binary and multiclass labels, a
   regressor for ordinal (on the class index) and regression labels (on the transformed target).
 
-The decision rule is fitted on the validation rows as the network's is (fusion_model/decision.py:
-ordinal cut points; multiclass takes the argmax). Stacking out of fold keeps each score honest: a score
-fitted on a row never describes that row. The network alone is compared with this; the network never
-sees the baseline's output.
+As the network is, it is selected on the validation rows (the trees' count by early stopping, the decision
+rule: ordinal cut points; multiclass takes the argmax) and then refitted on train + val with that many
+trees, every stacked score recomputed out of fold over those rows. Stacking out of fold keeps each score
+honest: a score fitted on a row never describes that row. The network alone is compared with this; the
+network never sees the baseline's output.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,14 +38,14 @@ from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.linear_model import LogisticRegression, Ridge
 from sklearn.model_selection import KFold, StratifiedKFold
 from sklearn.multiclass import OneVsRestClassifier
-from sklearn.preprocessing import StandardScaler
+from sklearn.preprocessing import StandardScaler, TargetEncoder
 
 from fusion_model.dataset import DatasetSchema, canonical, row_images
 from fusion_model.decision import apply_cutpoints, fit_cutpoints
 from fusion_model.predict import Predictions
 
-NAME = ("HistGradientBoosting(tabular + text lengths + frequencies) + out-of-fold TF-IDF text and "
-        "colour-feature image scores")
+NAME = ("HistGradientBoosting(tabular + text lengths + frequencies) + out-of-fold target-encoded codes, TF-IDF "
+        "text and colour-feature image scores, refitted on train + val")
 FOLDS = 5
 # A category seen fewer times than this in training is "other": trees cannot learn from a handful of rows,
 # and HistGradientBoosting takes at most 255 categories per column.
@@ -91,17 +95,20 @@ def _score(model: object, x: object, task: Task) -> np.ndarray:
     return model.predict(x)[:, None]  # type: ignore[attr-defined]
 
 
+def _folds(y: np.ndarray, task: Task, seed: int) -> StratifiedKFold | KFold:
+    """The seeded folds every out-of-fold score uses (stratified by class where there are classes)."""
+    if task.classifies:
+        return StratifiedKFold(n_splits=max(2, min(FOLDS, int(np.bincount(y).min()))), shuffle=True,
+                               random_state=seed)
+    return KFold(n_splits=FOLDS, shuffle=True, random_state=seed)
+
+
 def _out_of_fold(x_train: object, tests: list[object], y: np.ndarray, task: Task, seed: int
                  ) -> tuple[np.ndarray, list[np.ndarray]]:
     """Out-of-fold scores of a linear model on the training rows; full-fit scores on each other table."""
     width = task.num_classes - 1 if task.classifies else 1
     oof = np.zeros((len(y), width))
-    if task.classifies:
-        folds = StratifiedKFold(n_splits=max(2, min(FOLDS, int(np.bincount(y).min()))), shuffle=True,
-                                random_state=seed)
-    else:
-        folds = KFold(n_splits=FOLDS, shuffle=True, random_state=seed)
-    for fit_rows, score_rows in folds.split(np.zeros(len(y)), y):
+    for fit_rows, score_rows in _folds(y, task, seed).split(np.zeros(len(y)), y):
         model = _linear(task, seed).fit(x_train[fit_rows], y[fit_rows])  # type: ignore[index]
         oof[score_rows] = _score(model, x_train[score_rows], task)  # type: ignore[index]
     model = _linear(task, seed).fit(x_train, y)
@@ -139,14 +146,14 @@ def image_features(df: pd.DataFrame, images_root: Path, image_columns: list[str]
     return out
 
 
-def _image_scores(train: pd.DataFrame, tests: list[pd.DataFrame], y: np.ndarray, task: Task, images_root: Path,
-                  columns: list[str], image_index: int, seed: int) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Out-of-fold image scores; NaN for rows without a photo (the trees treat NaN as missing)."""
-    feats = [image_features(t, images_root, columns, image_index) for t in (train, *tests)]
+def _image_scores(feats: list[np.ndarray], y: np.ndarray, task: Task, seed: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Out-of-fold image scores from each table's `image_features` (the training rows' first); NaN for rows
+    without a photo (the trees treat NaN as missing)."""
+    train = feats[0]
     has = [~np.isnan(f).any(axis=1) for f in feats]
     width = task.num_classes - 1 if task.classifies else 1
     if has[0].sum() < 2 * FOLDS or (task.classifies and len(np.unique(y[has[0]])) < 2):
-        return np.full((len(train), 0), np.nan), [np.zeros((len(t), 0)) for t in tests]
+        return np.full((len(train), 0), np.nan), [np.zeros((len(t), 0)) for t in feats[1:]]
     scaler = StandardScaler().fit(feats[0][has[0]])
     scaled = [scaler.transform(np.nan_to_num(f)) for f in feats]
     oof_rows, test_scores = _out_of_fold(scaled[0][has[0]], [s for s in scaled[1:]], y[has[0]], task, seed)
@@ -189,41 +196,70 @@ def _target(y: np.ndarray, task: Task) -> np.ndarray:
     return y.astype(np.float64) if not task.classifies else y
 
 
-def fit_and_score(train: pd.DataFrame, val: pd.DataFrame, test: pd.DataFrame, y_train: np.ndarray,
-                  y_val: np.ndarray, schema: DatasetSchema, problem_type: str, num_classes: int, seed: int,
-                  images_root: Path, image_index: int = 0, others: tuple[pd.DataFrame, ...] = ()) -> BaselineResult:
-    """Fit on `train` (labels `y_train`: class indices, or values for regression), stop the trees early and
-    fit the decision rule on `val`, return the predictions for `test` (and `others`)."""
-    started = time.perf_counter()
-    task = Task(problem_type, num_classes if problem_type != "regression" else 0, schema.label.transform)
-    target = _target(y_train, task)
-    tests = [val, test, *others]
+def _encoded_codes(train: pd.DataFrame, tests: list[pd.DataFrame], y: np.ndarray, task: Task, columns: list[str],
+                   seed: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Each code's shrunk mean label (per class for several classes), cross-fitted on the training rows."""
+    kind = {"binary": "binary", "multiclass": "multiclass"}.get(task.problem_type, "continuous")
+
+    def codes(df: pd.DataFrame) -> pd.DataFrame:
+        return pd.DataFrame({c: df[c].map(canonical) if c in df.columns else "" for c in columns}, index=df.index)
+
+    encoder = TargetEncoder(target_type=kind, cv=_folds(y, task, seed))
+    return encoder.fit_transform(codes(train), y), [encoder.transform(codes(t)) for t in tests]
+
+
+def _features(train: pd.DataFrame, tests: list[pd.DataFrame], target: np.ndarray, task: Task, schema: DatasetSchema,
+              seed: int, image_feats: list[np.ndarray] | None) -> tuple[pd.DataFrame, list[pd.DataFrame]]:
+    """The trees' inputs for the training rows (every score out of fold) and for each other table."""
     categories = _frequent_categories(train, schema.columns.categorical)
     counts = {c: train[c].map(canonical).value_counts() for c in schema.frequency if c in train.columns}
     x_train = _tabular(train, schema, categories, counts, in_train=True)
     x_tests = [_tabular(t, schema, categories, counts, in_train=False) for t in tests]
     stacked: list[tuple[str, tuple[np.ndarray, list[np.ndarray]]]] = []
+    coded = list(dict.fromkeys([*schema.columns.categorical, *schema.frequency]))
+    if coded:
+        stacked.append(("code", _encoded_codes(train, tests, target, task, coded, seed)))
     if schema.columns.text:
         stacked.append(("text", _text_scores(train, tests, target, task, schema.columns.text, seed)))
-    if schema.columns.image:
-        stacked.append(("image", _image_scores(train, tests, target, task, images_root, schema.columns.image,
-                                               image_index, seed)))
+    if image_feats is not None:
+        stacked.append(("image", _image_scores(image_feats, target, task, seed)))
     for name, (oof, scores) in stacked:
         for k in range(oof.shape[1]):
             x_train[f"{name}_score_{k}"] = oof[:, k]
             for x, s in zip(x_tests, scores, strict=True):
                 x[f"{name}_score_{k}"] = s[:, k]
+    return x_train, x_tests
+
+
+def fit_and_score(train: pd.DataFrame, val: pd.DataFrame, test: pd.DataFrame, y_train: np.ndarray,
+                  y_val: np.ndarray, schema: DatasetSchema, problem_type: str, num_classes: int, seed: int,
+                  images_root: Path, image_index: int = 0, others: tuple[pd.DataFrame, ...] = ()) -> BaselineResult:
+    """Select on `train` (labels `y_train`: class indices, or values for regression) with `val` (the trees
+    stopped early, the decision rule fitted), refit on both with that many trees, and return the
+    predictions for `test` (and `others`)."""
+    started = time.perf_counter()
+    task = Task(problem_type, num_classes if problem_type != "regression" else 0, schema.label.transform)
+    tables = [train, val, test, *others]
+    images = ([image_features(t, images_root, schema.columns.image, image_index) for t in tables]
+              if schema.columns.image else None)
     trees = dict(learning_rate=0.05, max_iter=600, max_leaf_nodes=31, min_samples_leaf=30, l2_regularization=1.0,
-                 categorical_features="from_dtype", early_stopping=True, n_iter_no_change=30, random_state=seed)
-    if task.classifies:
-        gbdt: HistGradientBoostingClassifier | HistGradientBoostingRegressor = HistGradientBoostingClassifier(**trees)
-    else:
-        gbdt = HistGradientBoostingRegressor(**trees)
-    gbdt.fit(x_train, target, X_val=x_tests[0], y_val=_target(y_val, task))
-    results = [_predict(gbdt, x, task) for x in x_tests]
-    results = _decide(results, y_val, task)
-    return BaselineResult(predictions=results[1], seconds=round(time.perf_counter() - started, 2),
-                          others=tuple(results[2:]))
+                 categorical_features="from_dtype", random_state=seed)
+    model = HistGradientBoostingClassifier if task.classifies else HistGradientBoostingRegressor
+    # selection: the trees' count and the decision rule, on the validation rows
+    target = _target(y_train, task)
+    x_train, x_tests = _features(train, tables[1:], target, task, schema, seed, images)
+    gbdt = model(**trees, early_stopping=True, n_iter_no_change=30).fit(
+        x_train, target, X_val=x_tests[0], y_val=_target(y_val, task))
+    rule = _decide([_predict(gbdt, x_tests[0], task)], y_val, task)
+    # refit on every labelled row with that many trees
+    every, y_every = pd.concat([train, val]), np.concatenate([y_train, y_val])
+    target = _target(y_every, task)
+    every_images = None if images is None else [np.concatenate(images[:2]), *images[2:]]
+    x_every, x_rest = _features(every, tables[2:], target, task, schema, seed, every_images)
+    refit = model(**{**trees, "max_iter": max(1, gbdt.n_iter_)}, early_stopping=False).fit(x_every, target)
+    results = [rule([_predict(refit, x, task)])[0] for x in x_rest]
+    return BaselineResult(predictions=results[0], seconds=round(time.perf_counter() - started, 2),
+                          others=tuple(results[1:]))
 
 
 def _predict(gbdt: object, x: pd.DataFrame, task: Task) -> Predictions:
@@ -240,10 +276,10 @@ def _predict(gbdt: object, x: pd.DataFrame, task: Task) -> Predictions:
                        score=value)
 
 
-def _decide(results: list[Predictions], y_val: np.ndarray, task: Task) -> list[Predictions]:
-    """The decision rule fitted on the validation rows (results[0]), applied to every table."""
+def _decide(on_val: list[Predictions], y_val: np.ndarray, task: Task) -> Callable[[list[Predictions]], list[Predictions]]:
+    """The decision rule fitted on the validation rows' predictions, as a function applied to any table."""
     if task.problem_type == "ordinal":
-        cuts = fit_cutpoints(results[0].score, y_val, task.num_classes)  # type: ignore[arg-type]
-        return [Predictions(prediction=apply_cutpoints(r.score, cuts), proba=None, score=r.score)  # type: ignore[arg-type]
-                for r in results]
-    return results
+        cuts = fit_cutpoints(on_val[0].score, y_val, task.num_classes)  # type: ignore[arg-type]
+        return lambda results: [Predictions(prediction=apply_cutpoints(r.score, cuts), proba=None, score=r.score)  # type: ignore[arg-type]
+                                for r in results]
+    return lambda results: results

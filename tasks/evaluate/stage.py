@@ -177,8 +177,8 @@ def render_markdown(
 
 def fit_baseline(data_dir: Path, test: TestSet, image_index: int, seed: int,
                  others: tuple[pd.DataFrame, ...] = ()) -> BaselineResult:
-    """The classical baseline on the network's rows (fitted on train, stopped on val), scored on the test
-    rows (and `others`)."""
+    """The classical baseline on the network's rows (selected on train + val, refitted on both, as the
+    network), scored on the test rows (and `others`)."""
     train, val = (pd.read_parquet(data_dir / f"{split}.parquet") for split in ("train", "val"))
     return fit_and_score(train, val, test.table, test.labels_of(train), test.labels_of(val), test.schema,
                          test.problem_type, test.num_classes, seed, test.images_root, image_index, others)
