@@ -111,6 +111,7 @@ def model_kwargs(cfg: TrainConfig, pre: Preprocessor, num_classes: int, modaliti
         "member_text_scale": [m.text_lr_multiplier for m in cfg.members],
         "member_category_scale": [m.category_lr_multiplier for m in cfg.members],
         "linear_member": cfg.linear_member,
+        "linear_only_codes": len(pre.frequency_codes) if cfg.linear_member else 0,
     }
 
 

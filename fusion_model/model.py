@@ -145,6 +145,7 @@ class FusionModel(nn.Module):
         member_text_scale: Sequence[float] = (1.0,),
         member_category_scale: Sequence[float] = (1.0,),
         linear_member: bool = False,
+        linear_only_codes: int = 0,
     ) -> None:
         super().__init__()
         if activation not in _ACTIVATIONS:
@@ -199,14 +200,17 @@ class FusionModel(nn.Module):
         self.register_buffer("category_scale", torch.tensor(list(member_category_scale), dtype=torch.float32),
                              persistent=False)
         encoders: dict[str, nn.Module] = {}
+        # the last `linear_only_codes` codes (keys of thousands of values: a rescuer) reach the linear member
+        # alone, whose penalised one-hot shrinks each value's effect; an embedding per value overfits them
+        deep_codes = list(cat_cardinalities)[: len(cat_cardinalities) - linear_only_codes]
         if "image" in self.modalities:
             encoders["image"] = self.image = ImageEncoder(image_model, pretrained, image_size)
         self.category_logit: CategoryLogit | None = None
         if "tabular" in self.modalities:
             encoders["tabular"] = self.tabular = TabularEncoder(
-                cat_cardinalities, n_numeric, cat_dim, numeric_bins if fusion == "tabm" else None,
+                deep_codes, n_numeric, cat_dim, numeric_bins if fusion == "tabm" else None,
                 numeric_embedding_dim)
-            self.category_logit = CategoryLogit(cat_cardinalities, width * members) if category_logits else None
+            self.category_logit = CategoryLogit(deep_codes, width * members) if category_logits else None
         if "text" in self.modalities:
             self.text = TextLogit(text_buckets, text_vocab_size, width * members, max_order=text_ngrams)
         # the image goes through an adapter to a common width; under tabm the tabular features enter the

@@ -98,6 +98,7 @@ class Preprocessor:
     vocabularies: dict[str, list[str]]
     numeric_log: list[bool] = field(default_factory=list)  # per numeric input: log1p (never negative in train)
     frequency_columns: list[str] = field(default_factory=list)
+    frequency_codes: list[str] = field(default_factory=list)  # the frequency keys also coded: the last codes
     # frequency column -> training rows per value (keys: canonical text)
     frequency_counts: dict[str, dict[str, int]] = field(default_factory=dict)
     text_columns: list[str] = field(default_factory=list)
@@ -144,8 +145,8 @@ class Preprocessor:
         coded = [c for c in columns.numerical
                  if 1 < train[c].map(canonical).replace("", None).nunique() <= numeric_codes_max]
         categorical = [*columns.categorical, *coded]
-        if frequency_codes:  # a key counted for its frequency (a rescuer, an item) also enters as a code
-            categorical += [c for c in schema.frequency if c not in categorical and c in train.columns]
+        keys = [c for c in schema.frequency if c not in categorical and c in train.columns] if frequency_codes else []
+        categorical += keys  # a key counted for its frequency (a rescuer, an item) also enters as a code, last
         numerical = list(columns.numerical)
         if id_as_number and schema.id and schema.id in train.columns and schema.id not in numerical \
                 and _integer_valued(train[schema.id]):
@@ -157,7 +158,7 @@ class Preprocessor:
             vocabularies={c: [str(v) for v in sort_classes(train[c].map(canonical))]
                           + ([""] if (train[c].map(canonical) == "").any() else [])
                           for c in categorical},
-            frequency_columns=list(schema.frequency),
+            frequency_columns=list(schema.frequency), frequency_codes=keys,
             frequency_counts={c: {k: int(v) for k, v in _frequency_key(train, c).value_counts().items() if k}
                               for c in schema.frequency},
             text_columns=list(columns.text), image_columns=list(columns.image),

@@ -128,3 +128,29 @@ def test_without_the_linear_member_the_model_has_no_extra_head(validated: Path) 
     _, kwargs, module = build_module(_config(validated, linear_member=False), data)
     assert module.model.linear is None and module.model.mixed == module.model.members
     assert kwargs["linear_member"] is False and not hasattr(module, "linear_report")
+
+
+def test_a_frequency_key_is_a_code_of_the_linear_member_alone(tmp_path: Path) -> None:
+    """RescuerID (a `dataset.frequency` key of the preset, thousands of values on real rows) enters as the
+    last code: the linear member's penalised one-hot reads it, the deep embeddings and wide code logits do not."""
+    import pandas as pd
+
+    validated = make_validated(tmp_path, n_train=96, n_val=48, n_test=16)
+    for split in ("train", "val", "test"):
+        table = pd.read_parquet(validated / f"{split}.parquet")
+        # a few rescuers, one of whom places most of the fast adoptions
+        table["RescuerID"] = np.where(table["AdoptionSpeed"] == 1, "r1", "r" + (table["row_id"] % 5).astype(str))
+        table.to_parquet(validated / f"{split}.parquet")
+    data = ValidatedData.read(validated)
+    pre, kwargs, module = build_module(_config(validated), data)
+    model = module.model
+    assert pre.categorical_columns[-1] == "RescuerID" and pre.frequency_codes == ["RescuerID"]
+    assert kwargs["linear_only_codes"] == 1
+    deep = len(pre.categorical_columns) - 1
+    assert len(model.tabular.embeddings) == len(model.category_logit.tables) == deep
+    rescuers = pre.cardinalities[-1]
+    assert model.linear.categorical_weight.shape[0] == sum(pre.cardinalities)
+    rescuer_rows = model.linear.categorical_weight[-rescuers:]
+    assert rescuer_rows.abs().sum() > 0  # fitted: the rescuer carries the label here
+    without = build_module(_config(validated, frequency_codes=False), data)[0]
+    assert "RescuerID" not in without.categorical_columns
