@@ -22,7 +22,7 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".torch_ext"))
 SHARED_FIXTURE_GROUPS = {
     "test_dvc": "pipeline_project", "test_deployment": "pipeline_project",
     "test_evaluate": "tiny_model_chain", "test_predict": "tiny_model_chain", "test_promote": "tiny_model_chain",
-    "test_serve": "tiny_model_chain", "test_score": "tiny_model_chain",
+    "test_serve": "tiny_model_chain", "test_score": "tiny_model_chain", "test_wheel": "tiny_model_chain",
 }
 # The longest groups first (their times: BENCHMARKS.md, "Install and test suite"), so both workers end together.
 LONGEST_FIRST = ["pipeline_project", "test_multihost", "test_nightly", "test_real_datasets", "test_convert",

@@ -57,3 +57,22 @@ def test_the_installed_package_runs_outside_the_checkout(installed: dict[str, Pa
     codes = _run(installed, "-c", "from fusion_model.dataset import resolve_schema; "
                  "s = resolve_schema({'preset': 'petfinder'}); print(s.checks.codes and len(s.checks.codes))")
     assert codes.returncode == 0 and int(codes.stdout.split()[-1]) > 0, codes.stderr
+
+
+def test_the_installed_package_predicts_with_a_converted_model(installed: dict[str, Path], tiny_model_chain,
+                                                               tmp_path: Path) -> None:
+    """`python -m fusion_model.predict` from the wheel, outside the checkout: the same probabilities as the
+    evaluation of the checkout's code on the same rows."""
+    import pandas as pd
+
+    chain = tiny_model_chain
+    rows = tmp_path / "new.csv"
+    pd.read_csv(chain.images_root / "test.csv", index_col=0).drop(columns=["AdoptionSpeed"]).to_csv(rows)
+    out = tmp_path / "predictions.csv"
+    done = _run(installed, "-m", "fusion_model.predict", "--model", str(chain.trained), "--csv", str(rows),
+                "--images-root", str(chain.images_root), "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    got = pd.read_csv(out)
+    evaluated = pd.read_csv(chain.trained_eval / "predictions.csv")
+    assert len(got) == len(evaluated) > 0
+    assert got["proba_1"].to_numpy() == pytest.approx(evaluated["proba_1"].to_numpy(), abs=1e-6)
