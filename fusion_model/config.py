@@ -39,7 +39,8 @@ class LinearPenalties(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    text: float | None = Field(None, gt=0)
+    text: float | None = Field(None, gt=0)  # the word grams
+    chars: float | None = Field(None, gt=0)  # the character grams (train.text_chars)
     categorical: float | None = Field(None, gt=0)
     numerical: float | None = Field(None, gt=0)
 
@@ -91,7 +92,8 @@ class TrainConfig(BaseModel):
     text_buckets: int = Field(262144, ge=16)
     text_ngrams: int = Field(3, ge=1, le=5)
     text_min_df: int = Field(2, ge=1)
-    text_max_features: int = Field(1024, ge=1)  # distinct n-grams kept per row
+    text_chars: int = Field(4, ge=0, le=6)  # and character 1..text_chars-grams within each word (0: none)
+    text_max_features: int = Field(2048, ge=1)  # distinct n-grams kept per row
     # tabular: an embedding per code and each number's piecewise-linear embedding over bins a decision tree
     # fitted to the training labels finds (at most numeric_bins, each >= bin_min_rows rows), and a linear
     # logit per code beside the deep path
@@ -101,7 +103,8 @@ class TrainConfig(BaseModel):
     numeric_embedding_dim: int = Field(16, ge=1)
     # a numerical column with at most this many distinct training values also enters as a code (0: never)
     numeric_codes_max: int = Field(0, ge=0)
-    # each `dataset.frequency` key (a rescuer, an item) also enters as a code: its own embedding and logits
+    # each `dataset.frequency` key (a rescuer, an item) also enters as a code: of the linear member alone (a
+    # penalised one-hot, a shrunk effect per value), or of the deep half when there is no linear member
     frequency_codes: bool = True
     # the row key enters as a number too when every training value is an integer (a catalogue number)
     id_as_number: bool = True

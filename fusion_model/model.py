@@ -129,6 +129,7 @@ class FusionModel(nn.Module):
         text_buckets: int = 262144,
         text_vocab_size: int = 1,
         text_ngrams: int = 3,
+        text_chars: int = 0,
         cat_dim: int = 4,
         adapter_dim: int = 64,
         hidden_sizes: Sequence[int] = (128,),
@@ -212,7 +213,9 @@ class FusionModel(nn.Module):
                 numeric_embedding_dim)
             self.category_logit = CategoryLogit(deep_codes, width * members) if category_logits else None
         if "text" in self.modalities:
-            self.text = TextLogit(text_buckets, text_vocab_size, width * members, max_order=text_ngrams)
+            # word grams weigh as one block per length, character grams as one more
+            self.text = TextLogit(text_buckets, text_vocab_size, width * members,
+                                  max_order=text_ngrams + (1 if text_chars else 0), chars=bool(text_chars))
         # the image goes through an adapter to a common width; under tabm the tabular features enter the
         # ensemble as they are (its first layer is their adapter)
         self.adapters = nn.ModuleDict({

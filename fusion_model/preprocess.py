@@ -32,6 +32,7 @@ from PIL import Image
 from fusion_model.dataset import DatasetSchema, canonical, row_images, sort_classes
 
 _TOKEN = re.compile(r"[a-z0-9]+")
+CHAR_MARK = "\x01"  # before a character gram: a word gram holds only [a-z0-9 ]
 # ImageNet statistics: a fixed, documented choice that also suits a local pretrained weights file.
 IMAGE_MEAN = (0.485, 0.456, 0.406)
 IMAGE_STD = (0.229, 0.224, 0.225)
@@ -50,13 +51,24 @@ def _hash(gram: str, buckets: int) -> int:
     return 1 + zlib.crc32(gram.encode()) % (buckets - 1)
 
 
-def ngrams(text: str, n: int) -> list[str]:
-    """Word 1..n-grams of `text` (lower-cased `[a-z0-9]+` words), in order of appearance."""
+def ngrams(text: str, n: int, chars: int = 0) -> list[str]:
+    """Word 1..n-grams of `text` (lower-cased `[a-z0-9]+` words), in order of appearance; then, with
+    `chars`, the 1..chars-character grams of each word padded with a space (scikit-learn's `char_wb`),
+    marked so that they never hash as a word does: they catch a word's spelling variants and stems, which
+    lifted a linear model of real reviews (BENCHMARKS.md)."""
     words = _TOKEN.findall(text.lower())
     grams = list(words)
     for k in range(2, n + 1):
         grams += [" ".join(words[i : i + k]) for i in range(len(words) - k + 1)]
+    for word in words if chars else ():
+        padded = f" {word} "
+        grams += [CHAR_MARK + padded[i : i + k] for k in range(1, chars + 1) for i in range(len(padded) - k + 1)]
     return grams
+
+
+def gram_order(gram: str, words: int) -> int:
+    """A gram's block in the text weighting: its word count, or `words + 1` for a character gram."""
+    return words + 1 if gram.startswith(CHAR_MARK) else gram.count(" ") + 1
 
 
 def _integer_valued(values: pd.Series) -> bool:
@@ -105,6 +117,7 @@ class Preprocessor:
     image_columns: list[str] = field(default_factory=list)
     text_buckets: int = 262144
     text_ngrams: int = 3
+    text_chars: int = 0  # character grams of 1..text_chars within each word (0: none)
     text_max_features: int = 1024  # distinct n-grams kept per row (the first ones)
     image_size: int = 64
     image_index: int = 0
@@ -124,7 +137,7 @@ class Preprocessor:
         text_ngrams: int = 3, text_min_df: int = 2, text_max_features: int = 1024, numeric_bins: int = 16,
         numeric_codes_max: int = 0, labels: np.ndarray | None = None, ordered_labels: bool = False,
         bin_min_rows: int = 8, id_as_number: bool = False, numeric_output: str = "encodings",
-        frequency_codes: bool = False,
+        frequency_codes: bool = False, text_chars: int = 0,
     ) -> Preprocessor:
         """Statistics from the training split only (never val/test: that would leak). A numerical column with
         at most `numeric_codes_max` distinct training values (a year, a count of a few kinds) also enters as
@@ -162,7 +175,8 @@ class Preprocessor:
             frequency_counts={c: {k: int(v) for k, v in _frequency_key(train, c).value_counts().items() if k}
                               for c in schema.frequency},
             text_columns=list(columns.text), image_columns=list(columns.image),
-            text_buckets=text_buckets, text_ngrams=text_ngrams, text_max_features=text_max_features,
+            text_buckets=text_buckets, text_ngrams=text_ngrams, text_chars=text_chars,
+            text_max_features=text_max_features,
             image_size=image_size, image_index=image_index, numeric_output=numeric_output,
         )
         values = pre._numeric_values(train, in_train=True)
@@ -183,12 +197,12 @@ class Preprocessor:
         """Which buckets the model keeps (seen in >= min_df training rows), remapped to rows 1..V of its
         table; their idf (smoothed, as scikit-learn's) and n-gram order (the lowest, on a hash collision)."""
         df_count = np.zeros(self.text_buckets, dtype=np.int64)
-        order = np.full(self.text_buckets, self.text_ngrams + 1, dtype=np.int64)
+        order = np.full(self.text_buckets, self.text_ngrams + 2, dtype=np.int64)
         for text in self._joined(train):
             seen: dict[int, int] = {}
-            for g in ngrams(text, self.text_ngrams):
+            for g in ngrams(text, self.text_ngrams, self.text_chars):
                 h = _hash(g, self.text_buckets)
-                seen[h] = min(seen.get(h, self.text_ngrams + 1), g.count(" ") + 1)
+                seen[h] = min(seen.get(h, self.text_ngrams + 2), gram_order(g, self.text_ngrams))
             ids = np.fromiter(seen, dtype=np.int64, count=len(seen))
             df_count[ids] += 1
             np.minimum.at(order, ids, np.fromiter(seen.values(), dtype=np.int64, count=len(seen)))
@@ -288,10 +302,22 @@ class Preprocessor:
 
     def text(self, df: pd.DataFrame) -> tuple[torch.Tensor, torch.Tensor]:
         """([rows, width] hashed n-gram ids, [rows, width] their counts), right-padded with 0; width is the
-        most distinct n-grams any of these rows has (at most text_max_features)."""
+        most distinct n-grams any of these rows has (at most text_max_features). The last few tables' are
+        remembered (the same training table feeds the linear member and the data loader; the grams of a
+        few thousand rows take seconds): a table must not change in place between calls."""
+        memo: dict[int, tuple[pd.DataFrame, tuple[torch.Tensor, torch.Tensor]]] = self.__dict__.setdefault("_memo", {})
+        if id(df) in memo and memo[id(df)][0] is df:
+            return memo[id(df)][1]
+        out = self._text(df)
+        memo[id(df)] = (df, out)  # holding the table keeps its id from being reused
+        while len(memo) > 4:
+            memo.pop(next(iter(memo)))
+        return out
+
+    def _text(self, df: pd.DataFrame) -> tuple[torch.Tensor, torch.Tensor]:
         rows = []
         for text in self._joined(df):
-            counts = Counter(_hash(g, self.text_buckets) for g in ngrams(text, self.text_ngrams))
+            counts = Counter(_hash(g, self.text_buckets) for g in ngrams(text, self.text_ngrams, self.text_chars))
             rows.append(list(counts.items())[: self.text_max_features])
         width = max(1, max((len(r) for r in rows), default=1))
         ids = np.zeros((len(rows), width), dtype=np.int64)

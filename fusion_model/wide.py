@@ -23,12 +23,16 @@ class TextLogit(nn.Module):
     buffers, fitted on the training rows (`Preprocessor.text_tables`), map a bucket to its row of the
     table (0 for a bucket too rare to learn), and give each row its idf and n-gram order. Weight of an
     n-gram: (1 + ln count) * idf, L2-normalised within each n-gram order of the row, so unigrams, bigrams
-    and trigrams each weigh as one block.
+    and trigrams each weigh as one block. With `chars`, the highest order is the character grams' block:
+    the linear member reads it (`row_weights(chars=True)`), these logits do not (they are trained with the
+    deep half by Adam, which the many character grams only add noise to).
     """
 
-    def __init__(self, buckets: int, vocab_size: int, num_classes: int, max_order: int = 3) -> None:
+    def __init__(self, buckets: int, vocab_size: int, num_classes: int, max_order: int = 3, chars: bool = False
+                 ) -> None:
         super().__init__()
         self.max_order = max_order
+        self.char_order = max_order if chars else None
         self.register_buffer("rows", torch.zeros(buckets, dtype=torch.int64))
         self.register_buffer("idf", torch.zeros(vocab_size, dtype=torch.float32))
         self.register_buffer("order", torch.zeros(vocab_size, dtype=torch.int64))
@@ -41,18 +45,24 @@ class TextLogit(nn.Module):
         self.idf.copy_(torch.from_numpy(idf))
         self.order.copy_(torch.from_numpy(order))
 
-    def row_weights(self, ids: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each n-gram's row of the table and its weight [rows, width] (0 for padding and rare buckets)."""
+    def row_weights(self, ids: torch.Tensor, counts: torch.Tensor, chars: bool = True, words: bool = True
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each n-gram's row of the table and its weight [rows, width] (0 for padding and rare buckets, and
+        for the character grams without `chars`, the word grams without `words`)."""
         rows = self.rows[ids]
         tf = torch.where(counts > 0, 1 + torch.log(counts.clamp_min(1)), torch.zeros_like(counts))
         weights = tf * self.idf[rows]
         order = self.order[rows].clamp(0, self.max_order)
         norms = torch.zeros(weights.shape[0], self.max_order + 1, dtype=weights.dtype, device=weights.device)
         norms = norms.scatter_add(1, order, weights * weights).sqrt().clamp_min(1e-6)
-        return rows, weights / norms.gather(1, order)
+        weights = weights / norms.gather(1, order)
+        if self.char_order is not None and not (chars and words):
+            is_char = order == self.char_order
+            weights = weights * (is_char if chars else ~is_char).to(weights.dtype)
+        return rows, weights
 
     def forward(self, ids: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        rows, weights = self.row_weights(ids, counts)
+        rows, weights = self.row_weights(ids, counts, chars=False)
         return self.bag(rows, per_sample_weights=weights.to(self.bag.weight.dtype))
 
 
@@ -70,7 +80,8 @@ class CategoryLogit(nn.Module):
 
 
 
-LINEAR_BLOCKS = ("text", "categorical", "numerical")  # the linear member's inputs, each with its own penalty
+# the linear member's inputs, each with its own penalty; the word and character grams share `text_weight`
+LINEAR_BLOCKS = ("text", "chars", "categorical", "numerical")
 
 
 class LinearMember(nn.Module):
@@ -103,14 +114,19 @@ class LinearMember(nn.Module):
         self.ordinal = bool(ordinal_classes)
 
     def weight(self, block: str) -> torch.Tensor:
-        return self.get_buffer(f"{block}_weight")
+        return self.get_buffer(f"{'text' if block == 'chars' else block}_weight")
 
-    def inputs(self, text: TextLogit | None, batch: dict[str, torch.Tensor]) -> dict[str, object]:
-        """Per block: the text's (table rows, weights), the codes' rows of `categorical_weight`, the
-        numbers' encodings [rows, bins]."""
+    def inputs(self, text: TextLogit | None, batch: dict[str, torch.Tensor], split_chars: bool = False
+               ) -> dict[str, object]:
+        """Per block: the text's (table rows, weights) (`split_chars`: the word grams', then the character
+        grams' apart), the codes' rows of `categorical_weight`, the numbers' encodings [rows, bins]."""
         out: dict[str, object] = {}
         if self.text_weight is not None and text is not None:
-            out["text"] = text.row_weights(batch["text_ids"], batch["text_counts"])
+            if split_chars and text.char_order is not None:
+                out["text"] = text.row_weights(batch["text_ids"], batch["text_counts"], chars=False)
+                out["chars"] = text.row_weights(batch["text_ids"], batch["text_counts"], words=False)
+            else:
+                out["text"] = text.row_weights(batch["text_ids"], batch["text_counts"])
         if self.categorical_weight is not None:
             out["categorical"] = batch["categorical"] + self.code_offsets
         if self.numeric_encoding is not None:

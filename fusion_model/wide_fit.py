@@ -30,6 +30,7 @@ from fusion_model.wide import LINEAR_BLOCKS
 # penalties tried on the validation rows (L2 per training row: logistic regression's 1 / (2 C)), per block
 L2_GRIDS = {
     "text": (0.05, 0.15, 0.5, 1.5, 5.0),
+    "chars": (0.15, 0.5, 1.5, 5.0, 15.0, 50.0, 150.0),
     "categorical": (0.15, 0.5, 1.5, 5.0, 15.0, 50.0, 150.0),
     "numerical": (0.15, 0.5, 1.5, 5.0, 15.0, 50.0, 150.0),
 }
@@ -43,16 +44,17 @@ Design = dict[str, sp.csr_matrix]  # block name (LINEAR_BLOCKS) -> [rows, block 
 def design(model: FusionModel, batch: dict[str, torch.Tensor]) -> Design:
     """The linear member's inputs as sparse matrices, block by block, exactly as its forward computes them."""
     assert model.linear is not None
-    dense = model.linear.inputs(getattr(model, "text", None), batch)
+    dense = model.linear.inputs(getattr(model, "text", None), batch, split_chars=True)
     out: Design = {}
     for name, value in dense.items():
-        if name == "text":
+        if name in ("text", "chars"):
             rows, weights = value
             n, width = rows.shape
             matrix = sp.csr_matrix((weights.double().numpy().ravel(),
                                     (np.repeat(np.arange(n), width), rows.numpy().ravel())),
                                    shape=(n, model.linear.weight(name).shape[0]))
             matrix.sum_duplicates()
+            matrix.eliminate_zeros()  # the other kind of gram of the shared table
         elif name == "categorical":
             n, cols = value.shape
             matrix = sp.csr_matrix((np.ones(n * cols), (np.repeat(np.arange(n), cols), value.numpy().ravel())),
@@ -224,9 +226,11 @@ def fit_linear(model: FusionModel, batch: dict[str, torch.Tensor], labels: torch
     else:
         chosen = {b: float(l2[b]) for b in train}  # type: ignore[arg-type]
         glm = _fit(train, problem, chosen)
-    with torch.no_grad():
+    with torch.no_grad():  # the word and character grams' blocks share one table: zeroed, then each added
+        for name in glm.weights:
+            linear.weight(name).zero_()
         for name, w in glm.weights.items():
-            linear.weight(name).copy_(torch.from_numpy(w))
+            linear.weight(name).add_(torch.from_numpy(w).to(linear.weight(name).dtype))
         linear.intercept.copy_(torch.from_numpy(problem.thresholds(glm.intercept)))
     report: dict = {"l2": chosen, "train_loss": round(glm.loss, 5)}
     if val is not None and val_problem is not None:
