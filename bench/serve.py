@@ -8,6 +8,11 @@ request, with the rows' photos (paths under --images-root) and without (image ce
 sees no photo). Rows are taken from --csv in turn (cycled). A few warm-up requests per scenario are not
 counted. Prints requests/s, rows/s and p50/p99 latency per scenario, and the count of failed requests.
 
+`--swap-to MODEL_B`: the server then serves a champion link of a registry built in a temporary folder
+(store/<sha256> of each model, `champion` -> A), and a last scenario flips the link to B and back to A
+while the clients keep sending one-row requests: it reports the failed requests (the target is none) and
+how many answers each model gave (every answer must name A or B).
+
 A bounded local load: every request goes to the loopback address, the count is fixed, and the whole run
 stops after --max-seconds. Wall-clock numbers: on a shared machine other processes compete for the cores
 (say so with the results).
@@ -16,9 +21,11 @@ stops after --max-seconds. Wall-clock numbers: on a shared machine other process
 from __future__ import annotations
 
 import argparse
+import hashlib
 import itertools
 import math
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -104,6 +111,66 @@ def run_scenario(url: str, bodies: list[dict], requests: int, concurrency: int, 
     return {"latencies": latencies, "failures": failures, "wall": wall}
 
 
+def registry(models: list[Path], root: Path) -> tuple[Path, list[str]]:
+    """A registry of copies of `models` (store/<sha256 of model.safetensors>), `champion` -> the first."""
+    shas = []
+    for model in models:
+        sha = hashlib.sha256((model / "model.safetensors").read_bytes()).hexdigest()
+        shutil.copytree(model, root / "store" / sha)
+        shas.append(sha)
+    flip(root / "champion", f"store/{shas[0]}")
+    return root / "champion", shas
+
+
+def flip(link: Path, target: str) -> None:
+    """The registry's promotion: a new link beside the old one, renamed over it in one step."""
+    tmp = link.with_name(f".{link.name}.flip")
+    tmp.unlink(missing_ok=True)
+    os.symlink(target, tmp)
+    os.replace(tmp, link)
+
+
+def swap_under_load(url: str, link: Path, shas: list[str], bodies: list[dict], concurrency: int, deadline: float
+                    ) -> dict:
+    """One-row requests from `concurrency` threads while the champion flips A -> B -> A: each flip waits
+    until an answer comes from the new model (bounded by `deadline`)."""
+    answers: list[str] = []
+    failures: list[str] = []
+    stop = threading.Event()
+    counter = itertools.count()
+
+    def client() -> None:
+        with httpx.Client(timeout=120) as http:
+            while not stop.is_set() and time.monotonic() < deadline:
+                try:
+                    r = http.post(f"{url}/predict", json=bodies[next(counter) % len(bodies)])
+                except httpx.HTTPError as e:
+                    failures.append(f"{type(e).__name__}: {e}")
+                    continue
+                if r.status_code == 200:
+                    answers.append(r.json()["model"]["sha256"])
+                else:
+                    failures.append(f"{r.status_code}: {r.text[:200]}")
+
+    threads = [threading.Thread(target=client) for _ in range(concurrency)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    try:
+        for target in (shas[1], shas[0]):
+            flip(link, f"store/{target}")
+            while time.monotonic() < deadline and not (answers and answers[-1] == target):
+                time.sleep(0.05)
+            seen = len(answers)
+            while time.monotonic() < deadline and len(answers) < seen + 20:  # a few more from the new model
+                time.sleep(0.05)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    return {"answers": answers, "failures": failures, "wall": time.perf_counter() - start}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, required=True, help="converted model folder (or a champion link)")
@@ -112,14 +179,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=200, help="counted requests per scenario")
     parser.add_argument("--concurrency", type=int, default=4, help="client threads sending at once")
     parser.add_argument("--max-seconds", type=float, default=600, help="stop the whole run after this long")
+    parser.add_argument("--swap-to", type=Path, default=None, help="a second converted model: promoted and rolled "
+                        "back while requests run (the last scenario)")
     args = parser.parse_args(argv)
     schema = Predictor.load(args.model).schema  # the columns: which cells are text, which are photos
     rows = json_rows(args.csv, schema.columns.text)
     image_columns = [c for c in schema.columns.image if c in rows[0]]
-    log = Path(tempfile.mkdtemp(prefix="bench-serve-")) / "server.log"
-    proc, url = start_server(args.model, args.images_root, log)
+    work = Path(tempfile.mkdtemp(prefix="bench-serve-"))
+    log = work / "server.log"
+    served, shas = args.model, []
+    if args.swap_to is not None:
+        served, shas = registry([args.model, args.swap_to], work / "models")
+    proc, url = start_server(served, args.images_root, log)
     deadline = time.monotonic() + args.max_seconds
     table = []
+    swap = None
     try:
         for per_request, photos in ((1, True), (1, False), (32, True), (32, False)):
             chunks = [rows[i : i + per_request] for i in range(0, len(rows) - per_request + 1, per_request)] or [rows]
@@ -134,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
                           np.percentile(lat, 99) if done else float("nan")))
             if result["failures"]:
                 print(f"first failure ({per_request} rows, photos {photos}): {result['failures'][0]}", file=sys.stderr)
+        swap = swap_under_load(url, served, shas, [{"rows": [r]} for r in rows], args.concurrency, deadline) \
+            if shas else None
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -142,9 +218,18 @@ def main(argv: list[str] | None = None) -> int:
     print("|---:|---|---:|---:|---:|---:|---:|---:|")
     for n, photos, done, failed, rps, rows_s, p50, p99 in table:
         print(f"| {n} | {photos} | {done} | {failed} | {rps:.1f} | {rows_s:.1f} | {p50:.1f} | {p99:.1f} |")
+    if swap is not None:
+        by_model = {sha[:12]: swap["answers"].count(sha) for sha in shas}
+        other = len(swap["answers"]) - sum(by_model.values())
+        print(f"\nswap under load (A {shas[0][:12]} -> B {shas[1][:12]} -> A, one-row requests, {args.concurrency} "
+              f"clients): {len(swap['answers'])} answered in {swap['wall']:.1f} s, {len(swap['failures'])} failed, "
+              f"answers per model {by_model}, from any other model {other}")
+        if swap["failures"]:
+            print(f"first failure: {swap['failures'][0]}", file=sys.stderr)
     if time.monotonic() >= deadline:
         print(f"(stopped at --max-seconds {args.max_seconds:g}: fewer requests than asked)")
-    return 1 if any(row[3] for row in table) else 0
+    swap_failed = swap is not None and (swap["failures"] or set(swap["answers"]) - set(shas))
+    return 1 if any(row[3] for row in table) or swap_failed else 0
 
 
 if __name__ == "__main__":
