@@ -44,12 +44,12 @@ def _batch(data: ValidatedData, pre, df) -> dict[str, torch.Tensor]:  # noqa: AN
 def test_the_fitted_member_is_scikit_learns_logistic_regression_on_the_same_features(validated: Path) -> None:
     data = ValidatedData.read(validated)
     l2 = 0.5
-    pre, _, module = build_module(_config(validated, linear_l2={"text": l2, "categorical": l2, "numerical": l2}), data)
+    pre, _, module = build_module(_config(validated, linear_l2={"text": l2, "chars": l2, "categorical": l2, "numerical": l2}), data)
     model = module.model.eval()
     assert model.linear is not None
     batch = _batch(data, pre, data.train)
     x = design(model, batch)
-    assert list(x) == ["text", "categorical", "numerical"]
+    assert list(x) == ["text", "chars", "categorical", "numerical"]  # word and character grams apart
     features = np.hstack([m.toarray() for m in x.values()])
     # two softmax logits with L2 on both are one logistic regression of their difference at half the
     # penalty: mean loss + l2 |w|^2 / n  ==  scikit-learn's C = 1 / l2 on the difference
@@ -71,7 +71,7 @@ def test_penalties_left_unset_are_chosen_on_validation_and_recorded(validated: P
     _, _, module = build_module(_config(validated), data)
     report = module.linear_report
     tried = report["tried"]
-    assert set(tried) == set(report["l2"]) == {"text", "categorical", "numerical"}
+    assert set(tried) == set(report["l2"]) == {"text", "chars", "categorical", "numerical"}
     for block, scores in tried.items():  # the chosen penalty: the lowest validation loss of those tried
         scores = {float(k): v for k, v in scores.items()}
         assert report["l2"][block] in L2_GRIDS[block] and min(scores, key=scores.get) == report["l2"][block]
@@ -111,7 +111,8 @@ def test_ordinal_labels_get_increasing_thresholds_and_the_member_joins_the_mix(t
 
 def test_masking_a_modality_masks_its_part_of_the_linear_member(validated: Path) -> None:
     data = ValidatedData.read(validated)
-    pre, _, module = build_module(_config(validated, linear_l2={"text": 0.5, "categorical": 0.5, "numerical": 0.5}),
+    pre, _, module = build_module(_config(validated, linear_l2={"text": 0.5, "chars": 0.5, "categorical": 0.5,
+                                                                  "numerical": 0.5}),
                                   data)
     model = module.model.eval()
     batch = _batch(data, pre, data.val)
