@@ -17,7 +17,6 @@ import os
 import shutil
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +51,7 @@ from fusion_model.processes import die_with_parent
 from fusion_model.safe_load import check_checkpoint
 from fusion_model.strategies import build_strategy
 from fusion_model.summary import FinishRun
-from fusion_model.wide_fit import fit_linear
+from fusion_model.wide_fit import fit_linear_member
 
 quiet.install()  # at import, so every rank (ddp_spawn's re-import it) drops the known third-party noise
 FORMAT_VERSION = CURRENT_FORMAT  # the format this version writes (fusion_model/legacy.py reads the older ones)
@@ -174,31 +173,6 @@ def build_module(cfg: TrainConfig, data: ValidatedData, modalities: list[str] | 
     if module.model.linear is not None:
         module.linear_report = fit_linear_member(module.model, pre, data, train_labels, cfg)
     return pre, kwargs, module
-
-
-def fit_linear_member(model: Any, pre: Preprocessor, data: ValidatedData, labels: np.ndarray, cfg: TrainConfig
-                      ) -> dict[str, Any]:
-    """The linear member fitted on `data.train`, each penalty not set in `cfg` chosen on `data.val`."""
-    def batch(df: pd.DataFrame) -> dict[str, torch.Tensor]:
-        ids, counts = pre.text(df)
-        return {"text_ids": ids, "text_counts": counts, "categorical": pre.categorical(df),
-                "numeric": pre.numeric(df, in_train=df is data.train)}
-
-    scale: dict[str, Any] = {}
-    if model.problem_type == "regression":
-        scale = {"target_mean": float(model.target_mean), "target_std": float(model.target_std),
-                 "target_transform": model.target_transform}
-    l2 = cfg.linear_l2.model_dump()
-    choose = any(v is None for v in l2.values())
-    started = time.perf_counter()
-    report = fit_linear(model, batch(data.train), torch.as_tensor(labels), l2=l2, loss_kwargs=scale,
-                        val_batch=batch(data.val) if choose else None,
-                        val_labels=torch.as_tensor(data.labels(data.val)) if choose else None)
-    report["fit_wall_s"] = round(time.perf_counter() - started, 2)
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(f"[train] linear member: L2 {report['l2']}{' (chosen on validation)' if choose else ''}, fitted in "
-              f"{report['fit_wall_s']} s", flush=True)
-    return report
 
 
 def write_model_config(out_dir: Path, kwargs: dict[str, Any], pre: Preprocessor, data: ValidatedData) -> None:

@@ -15,16 +15,23 @@ fits a linear model with the network's own losses (a cumulative link for ordinal
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+import pandas as pd
 import scipy.optimize
 import scipy.sparse as sp
 import torch
 
 from fusion_model import heads
+from fusion_model.config import TrainConfig
+from fusion_model.data import ValidatedData
 from fusion_model.model import FusionModel
+from fusion_model.preprocess import Preprocessor
 from fusion_model.wide import LINEAR_BLOCKS
 
 # penalties tried on the validation rows (L2 per training row: logistic regression's 1 / (2 C)), per block
@@ -237,4 +244,29 @@ def fit_linear(model: FusionModel, batch: dict[str, torch.Tensor], labels: torch
         report["val_loss"] = round(val_problem.loss(glm, val), 5)
     if tried:
         report["tried"] = {b: {str(v): round(s, 5) for v, s in d.items()} for b, d in tried.items()}
+    return report
+
+
+def fit_linear_member(model: Any, pre: Preprocessor, data: ValidatedData, labels: np.ndarray, cfg: TrainConfig
+                      ) -> dict[str, Any]:
+    """The linear member fitted on `data.train`, each penalty not set in `cfg` chosen on `data.val`."""
+    def batch(df: pd.DataFrame) -> dict[str, torch.Tensor]:
+        ids, counts = pre.text(df)
+        return {"text_ids": ids, "text_counts": counts, "categorical": pre.categorical(df),
+                "numeric": pre.numeric(df, in_train=df is data.train)}
+
+    scale: dict[str, Any] = {}
+    if model.problem_type == "regression":
+        scale = {"target_mean": float(model.target_mean), "target_std": float(model.target_std),
+                 "target_transform": model.target_transform}
+    l2 = cfg.linear_l2.model_dump()
+    choose = any(v is None for v in l2.values())
+    started = time.perf_counter()
+    report = fit_linear(model, batch(data.train), torch.as_tensor(labels), l2=l2, loss_kwargs=scale,
+                        val_batch=batch(data.val) if choose else None,
+                        val_labels=torch.as_tensor(data.labels(data.val)) if choose else None)
+    report["fit_wall_s"] = round(time.perf_counter() - started, 2)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"[train] linear member: L2 {report['l2']}{' (chosen on validation)' if choose else ''}, fitted in "
+              f"{report['fit_wall_s']} s", flush=True)
     return report
