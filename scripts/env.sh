@@ -20,11 +20,12 @@ if [ ! -f "$STAMP" ]; then
   "$VENV/bin/python" -m pip install -q --require-hashes --no-deps -r "$LOCK"
   # A venv reused across a lock change: drop what the lock no longer has (the project itself stays).
   "$VENV/bin/python" - "$LOCK" <<'EOF'
-import importlib.metadata as md, re, subprocess, sys
+import importlib.metadata as md, re, subprocess, sys, tomllib
 norm = lambda n: re.sub(r"[-_.]+", "-", n).lower()
 locked = {norm(m[1]) for m in re.finditer(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==", open(sys.argv[1]).read(), re.M)}
 have = {norm(d.metadata["Name"]) for d in md.distributions() if d.metadata["Name"]}
-extra = sorted(have - locked - {"petfinder-retrain"})
+project = norm(tomllib.load(open("pyproject.toml", "rb"))["project"]["name"])
+extra = sorted(have - locked - {project})
 if extra:
     print("[env] removing packages the lock does not have:", " ".join(extra), file=sys.stderr)
     subprocess.run([sys.executable, "-m", "pip", "uninstall", "-q", "-y", *extra], check=True)

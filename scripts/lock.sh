@@ -57,7 +57,7 @@ EOF
 fi
 
 # uv in a tool venv of its own, outside .venv (so the locked environment holds nothing extra).
-TOOLS="${XDG_CACHE_HOME:-$HOME/.cache}/petfinder-retrain/lock-tools"
+TOOLS="${XDG_CACHE_HOME:-$HOME/.cache}/fusion-retrain/lock-tools"
 if ! "$TOOLS/bin/uv" --version 2>/dev/null | grep -q " $UV_VERSION"; then
   "$PY" -m venv "$TOOLS"
   "$TOOLS/bin/pip" install -q "uv==$UV_VERSION"

@@ -116,7 +116,7 @@ def test_output_is_bit_equal_to_deepspeed_and_to_the_trained_weights(shards: Pat
     assert manifest["output"]["sha256"] == sha256_file(tmp_path / "model" / "model.safetensors") == summary.sha256
     assert manifest["output"]["parameters"] == sum(p.numel() for p in model.parameters())
     assert manifest["verification"]["strict_load"] is True
-    assert manifest["code_version"].startswith(("git:", "petfinder-retrain=="))
+    assert manifest["code_version"].startswith(("git:", "fusion-retrain=="))
     # the shards are read, never written, renamed or deleted
     assert tree_hashes(src) == before
 

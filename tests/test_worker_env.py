@@ -47,7 +47,7 @@ def test_the_documented_worker_setup_is_the_one_the_tests_run() -> None:
 
 def test_a_missing_variable_is_named_with_its_fix(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PREFECT__FLOW_RUN_ID", raising=False)  # outside a run: nothing to set Failed
-    monkeypatch.setenv("RETRAIN_REPOSITORY", "/srv/petfinder-retrain")
+    monkeypatch.setenv("RETRAIN_REPOSITORY", "/srv/fusion-retrain")
     monkeypatch.setenv("RETRAIN_HOME", "  ")  # blank counts as unset: `mkdir ''` is what it would do
     with pytest.raises(workspace.WorkerEnvironmentError) as err:
         asyncio.run(workspace.require_worker_environment())
@@ -56,7 +56,7 @@ def test_a_missing_variable_is_named_with_its_fix(monkeypatch: pytest.MonkeyPatc
     assert 'export RETRAIN_HOME="$HOME/retrain"' in message and "restart the worker" in message
     monkeypatch.setenv("RETRAIN_HOME", "/var/lib/retrain")
     assert asyncio.run(workspace.require_worker_environment()) == {
-        "retrain_repository": "/srv/petfinder-retrain", "retrain_home": "/var/lib/retrain"}
+        "retrain_repository": "/srv/fusion-retrain", "retrain_home": "/var/lib/retrain"}
 
 
 @pytest.mark.slow

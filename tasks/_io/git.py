@@ -34,6 +34,6 @@ def code_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return "petfinder-retrain==" + version("petfinder-retrain")
+        return "fusion-retrain==" + version("fusion-retrain")
     except PackageNotFoundError:
         return "unknown"
