@@ -5,6 +5,7 @@
 #
 #   OUT=/some/dir bash scripts/gpu_check.sh
 #
+# ./.whl (Python 3.12 x86-64 wheels), when present, is pip-installed offline into /tmp/site, first on PYTHONPATH.
 # Installs only what is missing: from ./wheelhouse when present (no network needed), else from the
 # package registry with the pinned versions of pyproject.toml. Never touches the GPU's settings.
 set -uo pipefail
@@ -37,6 +38,14 @@ echo "python: $PY ($("$PY" --version 2>&1))"
 
 # ---- install what is missing (pins from pyproject.toml) ------------------------------------------
 pin() { grep -oE "\"$1==[^\"]+\"" pyproject.toml | tr -d '"'; }
+if [ -d "$ROOT/.whl" ]; then  # the project's packages the image lacks (pydantic, deepspeed, dvclive, tabm, ...)
+  echo "installing ./.whl ($(ls "$ROOT"/.whl/*.whl 2>/dev/null | wc -l) wheels) into /tmp/site"
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    "$ROOT"/.whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} \
+    || fail "pip install of ./.whl/*.whl into /tmp/site failed (wheels for another Python or platform than $("$PY" --version 2>&1)?)"
+  "$PY" -c "import pydantic, deepspeed, tabm, rtdl_num_embeddings, dvclive.lightning" \
+    || fail "the packages from ./.whl (in /tmp/site) do not import with $PY: see the traceback above in the log"
+fi
 missing=()
 for mod_pkg in torch:torch torchvision:torchvision timm:timm lightning:lightning torchmetrics:torchmetrics \
     deepspeed:deepspeed pandas:pandas pyarrow:pyarrow PIL:pillow safetensors:safetensors pydantic:pydantic \
