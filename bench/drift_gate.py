@@ -31,9 +31,9 @@ import drift_cases as cases  # noqa: E402
 
 from fusion_model.dataset import resolve_schema  # noqa: E402
 from tasks._io.files import write_json  # noqa: E402
+from tasks.intake.drift import drift_gate  # noqa: E402
+from tasks.intake.drift_stats import DriftColumns  # noqa: E402
 from tasks.params import load_params  # noqa: E402
-from tasks.validate.drift import drift_gate  # noqa: E402
-from tasks.validate.drift_stats import DriftColumns  # noqa: E402
 
 SIZES = (100, 200, 400)
 SHIFTS = {  # name -> (the column that must be named, how the batch is made)

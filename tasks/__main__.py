@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet.install()  # the stages that load torch / Lightning / DeepSpeed in this process
     args = build_parser().parse_args(argv)
     if args.stage == "drift":
-        return importlib.import_module("tasks.validate.drift_cli").main(args)
+        return importlib.import_module("tasks.intake.drift_cli").main(args)
     if args.stage == "dataset":
         # by name, as the champion command does: no stage's command loads it
         infer_section = importlib.import_module("tasks.dataset").infer_section

@@ -52,8 +52,8 @@ class SyntheticParams(_Section):
 
 
 class DriftGateParams(_Section):
-    """The drift gate an arriving batch passes before it joins (tasks/validate/drift.py; the statistics
-    and why: tasks/validate/drift_stats.py; measured: BENCHMARKS.md): every column is tested against the
+    """The drift gate an arriving batch passes before it joins (tasks/intake/drift.py; the statistics
+    and why: tasks/intake/drift_stats.py; measured: BENCHMARKS.md): every column is tested against the
     reference, and a test counts when its p-value after Holm's correction over all the gate's tests is at
     most alpha AND its effect reaches the floor of its kind. A fail stops the run before training; a
     warning lets it go on and says so in the promotion decision."""

@@ -1,4 +1,4 @@
-"""Drift gate (tasks/validate/drift.py, drift_report.py, drift_stats.py) and `python -m tasks drift` on
+"""Drift gate (tasks/intake/drift.py, drift_report.py, drift_stats.py) and `python -m tasks drift` on
 real generated data: a batch from the reference's own distribution passes; each kind of drift fails on
 exactly its column; the columns come by role; the report files are readable; the CLI's exit codes and
 messages.
@@ -19,14 +19,14 @@ from pydantic import BaseModel, ValidationError
 
 from fusion_model.dataset import resolve_schema
 from fusion_model.presets.petfinder import CATEGORICAL_COLUMNS, IMAGES, LABEL, NUMERIC_COLUMNS, TEXT_COLUMNS
-from tasks.validate.drift import MISSING_IMAGES, DriftThresholds, drift_gate, no_batch_report
-from tasks.validate.drift_report import (
+from tasks.intake.drift import MISSING_IMAGES, DriftThresholds, drift_gate, no_batch_report
+from tasks.intake.drift_report import (
     CategoricalDrift,
     DriftReport,
     render_drift_markdown,
     write_drift_report,
 )
-from tasks.validate.drift_stats import DriftColumns, holm
+from tasks.intake.drift_stats import DriftColumns, holm
 
 ROOT = Path(__file__).resolve().parents[1]
 THRESHOLDS = DriftThresholds()

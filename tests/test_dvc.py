@@ -48,8 +48,9 @@ STAGE_PARAMS = {
                "download.incoming_dir", "download.quarantine_dir"],
     "validate": ["dataset", "validate"],
 }
-# Another stage's package a stage runs: an arriving batch is validated and gated on drift inside intake,
-# and joined into the download stage's dataset (its manifest, the embedded generator's batches).
+# Another stage's package a stage runs: an arriving batch is validated with the validate stage's checks inside
+# intake (the drift gate is intake's own), and joined into the download stage's dataset (its manifest, the
+# embedded generator's batches).
 SHARED_PACKAGES = {"intake": {"tasks/validate", "tasks/download"}}
 
 

@@ -31,13 +31,13 @@ from tasks._io.files import write_text
 from tasks._io.folders import temp_dir_beside
 from tasks.download.manifest import DATASET_DIRNAME, read_manifest
 from tasks.errors import StageError
+from tasks.intake.drift import drift_gate, no_batch_report
+from tasks.intake.drift_report import DriftReport, write_drift_report
+from tasks.intake.drift_stats import DriftColumns
 from tasks.intake.feed import Drop, list_drops, table_of
 from tasks.intake.join import JoinPlan, JoinRefused, apply_join, next_row_id, plan_join
 from tasks.intake.ledger import JOINED, BatchRecord, Ledger, read_ledger, write_ledger
 from tasks.params import DownloadParams
-from tasks.validate.drift import drift_gate, no_batch_report
-from tasks.validate.drift_report import DriftReport, write_drift_report
-from tasks.validate.drift_stats import DriftColumns
 from tasks.validate.report import failure_message, render_markdown, report_json
 from tasks.validate.stage import ValidationError, check_tables
 from tasks.validate.tables import (
