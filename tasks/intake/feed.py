@@ -22,7 +22,7 @@ from urllib.parse import unquote, urlparse
 from fusion_model.dataset import DatasetSchema
 from tasks._io.hashing import file_hashes, fingerprint, sha256_file
 from tasks.errors import StageError
-from tasks.params import DownloadParams
+from tasks.params import FeedParams, SyntheticParams
 
 TABLE_SUFFIXES = (".csv", ".parquet")
 PREFERRED_TABLE = "train.csv"
@@ -35,6 +35,16 @@ class Drop:
     sha256: str  # of its content: the fingerprint of its files' hashes (a single table: that file's)
     origin: str  # where it came from, for people (a path or a URL)
     batch: int | None = None  # the synthetic feed numbers its own batches
+
+
+@dataclass(frozen=True)
+class Fetching:
+    """How a url feed's listing and drops are fetched: the per-request timeout, the tries on a transient
+    failure and the first retry's wait. The intake passes the download section's, scoring its own."""
+
+    timeout_s: float
+    max_attempts: int
+    backoff_s: float = 1.0
 
 
 def drop_sha256(path: Path) -> str:
@@ -58,8 +68,7 @@ def table_of(drop: Path) -> Path:
     return tables[0]
 
 
-def _folder_drops(p: DownloadParams) -> list[Drop]:
-    feed = p.feed
+def _folder_drops(feed: FeedParams) -> list[Drop]:
     if feed.path is None:
         raise StageError("download.feed.kind is folder but download.feed.path is not set; set it to the folder "
                          "batches arrive in")
@@ -90,7 +99,7 @@ def _listing(text: str, listing_url: str) -> list[tuple[str, str]]:
     return out
 
 
-def _get(url: str, dest: Path, p: DownloadParams) -> None:
+def _get(url: str, dest: Path, fetching: Fetching) -> None:
     parsed = urlparse(url)
     if parsed.scheme == "file":
         source = Path(unquote(parsed.path))
@@ -100,16 +109,15 @@ def _get(url: str, dest: Path, p: DownloadParams) -> None:
         return
     from tasks._io.http import fetch
 
-    fetch(url, dest, p.timeout_s, p.max_attempts, p.backoff_s)
+    fetch(url, dest, fetching.timeout_s, fetching.max_attempts, fetching.backoff_s)
 
 
-def _url_drops(p: DownloadParams, work: Path) -> list[Drop]:
-    feed = p.feed
+def _url_drops(feed: FeedParams, work: Path, fetching: Fetching) -> list[Drop]:
     if feed.url is None:
         raise StageError("download.feed.kind is url but download.feed.url is not set; set it to the listing's URL")
     work.mkdir(parents=True, exist_ok=True)
     listing = work / "listing.txt"
-    _get(feed.url, listing, p)
+    _get(feed.url, listing, fetching)
     drops = []
     seen: set[str] = set()
     for name, url in _listing(listing.read_text(encoding="utf-8"), feed.url):
@@ -123,7 +131,7 @@ def _url_drops(p: DownloadParams, work: Path) -> list[Drop]:
             from tasks._io.safe_zip import safe_extract
 
             archive = work / f"{name}.zip"
-            _get(url, archive, p)
+            _get(url, archive, fetching)
             shutil.rmtree(got, ignore_errors=True)
             got.mkdir()
             safe_extract(archive, got)
@@ -132,31 +140,34 @@ def _url_drops(p: DownloadParams, work: Path) -> list[Drop]:
                 got = inner[0]
         else:
             got = got.with_name(name if Path(name).suffix else name + (suffix or ".csv"))
-            _get(url, got, p)
+            _get(url, got, fetching)
         drops.append(Drop(name=name, path=got, sha256=drop_sha256(got), origin=url))
     return drops
 
 
-def _synthetic_drop(p: DownloadParams, schema: DatasetSchema, work: Path) -> list[Drop]:
+def _synthetic_drop(synthetic: SyntheticParams, schema: DatasetSchema, work: Path) -> list[Drop]:
     from tasks.download.synthetic.generator import generate_batch
 
-    batch = p.synthetic.batch
+    batch = synthetic.batch
     if batch < 1:
         return []
     folder = work / f"batch-{batch:04d}"
     try:
-        generate_batch(folder, p.synthetic, batch, schema.label.problem_type)
+        generate_batch(folder, synthetic, batch, schema.label.problem_type)
     except ValueError as e:
         raise StageError(f"download.synthetic: {e}") from None
     return [Drop(name=folder.name, path=folder, sha256=drop_sha256(folder), origin="embedded generator",
                  batch=batch)]
 
 
-def list_drops(p: DownloadParams, schema: DatasetSchema, work: Path) -> list[Drop]:
-    """The feed's drops, oldest (name order) first; `work` is a scratch folder for fetched or generated ones."""
-    kind = p.feed.kind
-    if kind == "folder":
-        return _folder_drops(p)
-    if kind == "url":
-        return _url_drops(p, work / "url")
-    return _synthetic_drop(p, schema, work / "synthetic")
+def list_drops(feed: FeedParams, schema: DatasetSchema, work: Path, fetching: Fetching,
+               synthetic: SyntheticParams | None = None) -> list[Drop]:
+    """The feed's drops, oldest (name order) first; `work` is a scratch folder for fetched or generated ones.
+    `fetching` serves the url kind; `synthetic` (the generator's settings, its batch) the synthetic kind."""
+    if feed.kind == "folder":
+        return _folder_drops(feed)
+    if feed.kind == "url":
+        return _url_drops(feed, work / "url", fetching)
+    if synthetic is None:  # a caller reading folders or listings only (scoring) never asks for this kind
+        raise ValueError("a synthetic feed needs the generator's settings (download.synthetic)")
+    return _synthetic_drop(synthetic, schema, work / "synthetic")

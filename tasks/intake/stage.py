@@ -34,7 +34,7 @@ from tasks.errors import StageError
 from tasks.intake.drift import drift_gate, no_batch_report
 from tasks.intake.drift_report import DriftReport, write_drift_report
 from tasks.intake.drift_stats import DriftColumns
-from tasks.intake.feed import Drop, list_drops, table_of
+from tasks.intake.feed import Drop, Fetching, list_drops, table_of
 from tasks.intake.join import JoinPlan, JoinRefused, apply_join, next_row_id, plan_join
 from tasks.intake.ledger import JOINED, BatchRecord, Ledger, read_ledger, write_ledger
 from tasks.params import DownloadParams
@@ -217,7 +217,7 @@ def intake(p: DownloadParams, dataset: DatasetSchema | None = None) -> IntakeSum
     summary = IntakeSummary(feed=p.feed.kind, seen=0)
     work = temp_dir_beside(Path(p.incoming_dir), "feed")
     try:
-        drops = list_drops(p, schema, work)
+        drops = list_drops(p.feed, schema, work, Fetching(p.timeout_s, p.max_attempts, p.backoff_s), p.synthetic)
         summary.seen = len(drops)
         # batches the ledger took in but the data lacks (the base was rebuilt from a changed source): again
         in_data = {b.get("sha256") for b in (read_manifest(out_dir) or {}).get("batches", [])}
