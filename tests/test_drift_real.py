@@ -22,7 +22,7 @@ from tasks.intake.drift_stats import DriftColumns  # noqa: E402
 from tasks.params import DriftGateParams  # noqa: E402
 
 COLUMNS = DriftColumns.from_schema(resolve_schema({"preset": "petfinder"}))
-GATE = DriftGateParams()  # params.yaml's download.drift_gate (test_drift.py checks they agree)
+GATE = DriftGateParams()  # params.yaml's intake.drift_gate (test_drift.py checks they agree)
 SEED = 0
 
 

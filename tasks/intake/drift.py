@@ -43,7 +43,7 @@ from tasks.intake.drift_report import (
     unseen_codes_text,
 )
 from tasks.intake.drift_stats import DriftColumns, ProblemType
-from tasks.params import DriftGateParams as DriftThresholds  # params.yaml download.drift_gate
+from tasks.params import DriftGateParams as DriftThresholds  # params.yaml intake.drift_gate
 
 LENGTH_SUFFIX = "_length"
 MISSING_IMAGES = "missing_images"

@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 from tasks._io.files import write_bytes, write_json, write_text
 from tasks.intake import drift_stats
 from tasks.intake.drift_stats import DriftColumns, ProblemType
-from tasks.params import DriftGateParams as DriftThresholds  # params.yaml download.drift_gate
+from tasks.params import DriftGateParams as DriftThresholds  # params.yaml intake.drift_gate
 
 Status = Literal["ok", "warn", "fail"]
 _RANK: dict[str, int] = {"ok": 0, "warn": 1, "fail": 2}

@@ -1,4 +1,4 @@
-"""Where arriving batches come from: the drops of `download.feed`, each with its content's sha256.
+"""Where arriving batches come from: the drops of `intake.feed`, each with its content's sha256.
 
 A drop is one arriving batch as its sender made it: a folder holding a table (`train.csv`, or the one
 CSV / Parquet file in it) and the images its cells name, or a table file alone (no images). Kinds:
@@ -56,7 +56,7 @@ def table_of(drop: Path) -> Path:
     if drop.is_file():
         if drop.suffix.lower() not in TABLE_SUFFIXES:
             raise StageError(f"{drop}: a drop must be a CSV or Parquet table, or a folder holding one; rename it to "
-                             ".csv / .parquet, or narrow download.feed.glob so it is not taken as a drop")
+                             ".csv / .parquet, or narrow intake.feed.glob so it is not taken as a drop")
         return drop
     if (drop / PREFERRED_TABLE).is_file():
         return drop / PREFERRED_TABLE
@@ -70,11 +70,11 @@ def table_of(drop: Path) -> Path:
 
 def _folder_drops(feed: FeedParams) -> list[Drop]:
     if feed.path is None:
-        raise StageError("download.feed.kind is folder but download.feed.path is not set; set it to the folder "
+        raise StageError("intake.feed.kind is folder but intake.feed.path is not set; set it to the folder "
                          "batches arrive in")
     root = Path(feed.path)
     if not root.is_dir():
-        raise StageError(f"{root}: no such folder (download.feed.path); create it or point the key at the feed")
+        raise StageError(f"{root}: no such folder (intake.feed.path); create it or point the key at the feed")
     entries = sorted(e for e in root.glob(feed.glob) if not e.name.startswith("."))
     return [Drop(name=e.name, path=e, sha256=drop_sha256(e), origin=str(e)) for e in entries]
 
@@ -114,7 +114,7 @@ def _get(url: str, dest: Path, fetching: Fetching) -> None:
 
 def _url_drops(feed: FeedParams, work: Path, fetching: Fetching) -> list[Drop]:
     if feed.url is None:
-        raise StageError("download.feed.kind is url but download.feed.url is not set; set it to the listing's URL")
+        raise StageError("intake.feed.kind is url but intake.feed.url is not set; set it to the listing's URL")
     work.mkdir(parents=True, exist_ok=True)
     listing = work / "listing.txt"
     _get(feed.url, listing, fetching)

@@ -110,7 +110,7 @@ def load_champion(champion_dir: Path) -> LoadedModel:
 
 
 def _drops(params: ScoreParams, model: LoadedModel, work: Path) -> list[Drop]:
-    """The source's drops, read by the intake's feed readers (download.feed's folder and url kinds)."""
+    """The source's drops, read by the intake's feed readers (intake.feed's folder and url kinds)."""
     if params.kind == "folder":
         folder = Path(params.source)
         if not folder.is_dir():
