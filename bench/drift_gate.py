@@ -1,7 +1,7 @@
 """The drift gate on real rows: how often it fails batches of the reference's own population (false fails),
 and how often it catches three real shifts (power), by batch size; rates, not times.
 
-    python bench/drift_gate.py                    # 20 shuffles, params.yaml's download.drift_gate
+    python bench/drift_gate.py                    # 20 shuffles, params.yaml's intake.drift_gate
     python bench/drift_gate.py --seeds 5 --csv /data/dogs_train.csv
 
 The cases (bench/drift_cases.py): real dog rows of PetFinder.my, a 5,000-row reference per seeded
@@ -31,9 +31,9 @@ import drift_cases as cases  # noqa: E402
 
 from fusion_model.dataset import resolve_schema  # noqa: E402
 from tasks._io.files import write_json  # noqa: E402
+from tasks.intake.drift import drift_gate  # noqa: E402
+from tasks.intake.drift_stats import DriftColumns  # noqa: E402
 from tasks.params import load_params  # noqa: E402
-from tasks.validate.drift import drift_gate  # noqa: E402
-from tasks.validate.drift_stats import DriftColumns  # noqa: E402
 
 SIZES = (100, 200, 400)
 SHIFTS = {  # name -> (the column that must be named, how the batch is made)
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {csv}: no such file; pass --csv, or set SHARED_DATA to the folder holding {cases.DOGS}",
               file=sys.stderr)
         return 2
-    gate = load_params(args.params).download.drift_gate
+    gate = load_params(args.params).intake.drift_gate
     columns = DriftColumns.from_schema(resolve_schema({"preset": "petfinder"}))
     rows = cases.load_dogs(csv)
     null = {size: Counter() for size in SIZES}

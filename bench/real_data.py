@@ -78,8 +78,8 @@ def datasets(shared: Path) -> dict[str, dict[str, Any]]:
 def overrides(work: Path, spec: dict[str, Any], train: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
         "dataset": spec["dataset"],
-        "download": {"source": "local", "out_dir": str(work / "raw"), "report_dir": str(work / "reports"),
-                     "local": spec["local"], "feed": {"ledger": str(work / "intake/batches.json")}},
+        "download": {"source": "local", "out_dir": str(work / "raw"), "local": spec["local"]},
+        "intake": {"report_dir": str(work / "reports"), "feed": {"ledger": str(work / "intake/batches.json")}},
         "validate": {"dataset_dir": str(work / "raw/dataset"), "out_dir": str(work / "validated"),
                      "report_dir": str(work / "reports")},
         "train": {"data_dir": str(work / "validated"), "out_dir": str(work / "checkpoints"),

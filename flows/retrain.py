@@ -118,10 +118,10 @@ def retrain(
     if source is not None:
         changes.setdefault("download", {})["source"] = source
     params = resolve_params(params_path, changes)
-    if next_batch and params.download.feed.kind == "synthetic":
+    if next_batch and params.intake.feed.kind == "synthetic":
         from tasks.intake.stage import last_batch_seen
 
-        batch = last_batch_seen(params.download) + 1
+        batch = last_batch_seen(params.intake) + 1
         changes.setdefault("download", {}).setdefault("synthetic", {})["batch"] = batch
         params = resolve_params(params_path, changes)
         logger.info("retrain: taking in batch %d", batch)
@@ -144,7 +144,7 @@ def retrain(
 
 def _pipeline(params: Params, run_id: str, promote_model: bool, version_outputs: bool, changes: dict) -> RetrainResult:
     download_task(params.download, params.schema)
-    intake = intake_task(params.download, params.schema)
+    intake = intake_task(params.intake, params.download, params.schema)
     validate_task(params.validate_, params.schema)
     if params.train.multi_host:  # a node job per host (flows/train_nodes.py); the one conversion gathers them
         from flows.train_nodes import convert_across_hosts, train_across_hosts

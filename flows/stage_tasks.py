@@ -25,6 +25,7 @@ from tasks.params import (
     ConvertParams,
     DownloadParams,
     EvaluateParams,
+    IntakeParams,
     Params,
     PromoteParams,
     ScoreParams,
@@ -59,12 +60,13 @@ def download_task(params: DownloadParams, dataset: DatasetSchema) -> Any:
 
 
 @task(name="intake", retries=0, cache_policy=NO_CACHE)
-def intake_task(params: DownloadParams, dataset: DatasetSchema) -> Any:
-    """The feed's new batches: each validated alone, gated on drift, joined by id or quarantined."""
+def intake_task(params: IntakeParams, download: DownloadParams, dataset: DatasetSchema) -> Any:
+    """The feed's new batches: each validated alone, gated on drift, joined by id into the download stage's
+    data or quarantined."""
     from tasks.intake import intake
 
     try:
-        result = intake(params, dataset)
+        result = intake(params, download, dataset)
     except StageError:
         _intake_artifacts(params)  # a quarantined batch: its figures and the ledger in the UI, then the flow stops
         raise
@@ -72,7 +74,7 @@ def intake_task(params: DownloadParams, dataset: DatasetSchema) -> Any:
     return result
 
 
-def _intake_artifacts(params: DownloadParams) -> None:
+def _intake_artifacts(params: IntakeParams) -> None:
     """The ledger (every batch: taken, warned, quarantined, why) as a table artifact, and the drift gate's
     report of the latest batch compared as markdown."""
     from tasks.intake.ledger import read_ledger
@@ -84,12 +86,12 @@ def _intake_artifacts(params: DownloadParams) -> None:
             table=[{"batch": b.batch, "name": b.name, "status": b.status, "check": b.check, "reason": b.reason[:300],
                     "sha256": b.sha256[:12], "rows": b.train_rows + b.holdout_rows,
                     "overrides": "; ".join(b.overrides)} for b in ledger.batches])
-    report = params.drift_reports / "drift.md"
-    drift = read_json_if_present(params.drift_reports / "drift.json") or {}
+    report = params.report_dir / "drift.md"
+    drift = read_json_if_present(params.report_dir / "drift.json") or {}
     if report.is_file() and drift.get("batch"):
         verdict = "PASSED" if drift.get("passed") and not drift.get("warned") else (
             "WARNED" if drift.get("passed") else "FAILED")
-        markdown = report.read_text() + f"\n\nPer-column drift (PNG): `{params.drift_reports / 'drift.png'}`\n"
+        markdown = report.read_text() + f"\n\nPer-column drift (PNG): `{params.report_dir / 'drift.png'}`\n"
         create_markdown_artifact(key="retrain-drift", markdown=markdown,
                                  description=f"Drift gate {verdict}: batch {drift['batch']}")
 

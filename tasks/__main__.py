@@ -31,9 +31,12 @@ from tasks.params import Params, ParamsError, load_params
 # The stages that read the table itself also take the declared dataset (params.yaml `dataset:`); the later
 # ones read it from the validated folder's meta.json.
 DATASET_STAGES = frozenset({"download", "intake", "validate"})
+# Sections a stage reads beside its own, passed after it: the intake joins into the download stage's data
+# (download.out_dir), and its embedded feed is the download's generator (download.synthetic).
+BESIDE: dict[str, tuple[str, ...]] = {"intake": ("download",)}
 STAGES: dict[str, tuple[str, str]] = {
     "download": ("tasks.download", "download"),
-    "intake": ("tasks.intake", "download"),
+    "intake": ("tasks.intake", "intake"),
     "validate": ("tasks.validate", "validate"),
     "train": ("tasks.train", "train"),
     "convert": ("tasks.convert", "convert"),
@@ -104,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     back = action.add_parser("rollback", help="make an earlier promotion the champion again")
     back.add_argument("--to", type=int, default=None, metavar="VERSION",
                       help="the version to restore (default: the one promoted before the current champion)")
-    batches = sub.add_parser("batches", help="the arriving batches: list them, readmit or reject a quarantined one")
+    batches = sub.add_parser("batches", help="the arriving batches (params.yaml `intake:`): list them, readmit or "
+                                             "reject a quarantined one")
     batches.add_argument("--params", default="params.yaml", type=Path, help="params file (default params.yaml)")
     batches_action = batches.add_subparsers(dest="action", required=True, metavar="ACTION")
     batches_list = batches_action.add_parser("list", help="every batch seen: taken in, warned, quarantined, why")
@@ -116,13 +120,14 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "reject":
             one.add_argument("--reason", default="", help="why, for the ledger")
     # the drift gate's statistics load scipy: defined here, imported only when `drift` runs
-    drift = sub.add_parser("drift", help="the drift gate on two CSV tables: exit 0 passed, 1 drifted, 2 bad input")
+    drift = sub.add_parser("drift", help="the drift gate (params.yaml `intake:` drift_gate) on two CSV tables: exit 0 "
+                                         "passed, 1 drifted, 2 bad input")
     drift.add_argument("--reference", type=Path, required=True, metavar="TABLE",
                        help="CSV of the rows the model was trained on (the dataset's columns)")
     drift.add_argument("--batch", type=Path, required=True, metavar="TABLE", help="CSV of the new rows")
     drift.add_argument("--json", action="store_true", help="print the report as JSON")
     drift.add_argument("--params", type=Path, default=Path("params.yaml"),
-                       help="params file: its dataset section and download.drift_gate (default params.yaml)")
+                       help="params file: its dataset section and intake.drift_gate (default params.yaml)")
     drift.add_argument("--problem-type", choices=["binary", "multiclass", "ordinal", "regression"], default=None,
                        help="the label's problem type (default: params.yaml dataset.label.problem_type)")
     return parser
@@ -152,13 +157,13 @@ def run_batches(args: argparse.Namespace) -> int:
     try:
         params = load_params(args.params)
         if args.action == "list":
-            rows = review.listing(params.download)
+            rows = review.listing(params.intake)
             print(json.dumps(rows, indent=2) if args.json else review.render(rows), end="\n" if args.json else "")
             return 0
         if args.action == "readmit":
-            record = review.readmit(params.download, params.schema, args.batch)
+            record = review.readmit(params.intake, params.download, params.schema, args.batch)
         else:
-            record = review.reject(params.download, args.batch, args.reason)
+            record = review.reject(params.intake, args.batch, args.reason)
     except (StageError, ParamsError) as e:
         print(f"error: batches {args.action}: {e}", file=sys.stderr)
         return 1
@@ -181,16 +186,17 @@ def run_stage(stage: str, params: Params) -> Any:
     module_name, section = STAGES[stage]
     module = importlib.import_module(module_name)
     section_params = params.validate_ if section == "validate" else getattr(params, section)
+    beside = [getattr(params, other) for other in BESIDE.get(stage, ())]
     if stage in DATASET_STAGES:
-        return getattr(module, stage)(section_params, params.schema)
-    return getattr(module, stage)(section_params)
+        return getattr(module, stage)(section_params, *beside, params.schema)
+    return getattr(module, stage)(section_params, *beside)
 
 
 def main(argv: list[str] | None = None) -> int:
     quiet.install()  # the stages that load torch / Lightning / DeepSpeed in this process
     args = build_parser().parse_args(argv)
     if args.stage == "drift":
-        return importlib.import_module("tasks.validate.drift_cli").main(args)
+        return importlib.import_module("tasks.intake.drift_cli").main(args)
     if args.stage == "dataset":
         # by name, as the champion command does: no stage's command loads it
         infer_section = importlib.import_module("tasks.dataset").infer_section

@@ -52,8 +52,8 @@ class SyntheticParams(_Section):
 
 
 class DriftGateParams(_Section):
-    """The drift gate an arriving batch passes before it joins (tasks/validate/drift.py; the statistics
-    and why: tasks/validate/drift_stats.py; measured: BENCHMARKS.md): every column is tested against the
+    """The drift gate an arriving batch passes before it joins (tasks/intake/drift.py; the statistics
+    and why: tasks/intake/drift_stats.py; measured: BENCHMARKS.md): every column is tested against the
     reference, and a test counts when its p-value after Holm's correction over all the gate's tests is at
     most alpha AND its effect reaches the floor of its kind. A fail stops the run before training; a
     warning lets it go on and says so in the promotion decision."""
@@ -126,6 +126,10 @@ class FeedParams(_Section):
         "every batch seen: name, sha256, taken in / warned / quarantined / rejected and why"))
 
 
+# The keys the download section held before the intake stage had a section of its own.
+MOVED_TO_INTAKE = ("feed", "drift_gate", "holdout_fraction", "incoming_dir", "quarantine_dir", "report_dir")
+
+
 class DownloadParams(_Section):
     source: Literal["synthetic", "url", "local"] = Field(
         "synthetic", description="synthetic (embedded, offline), url (the tutorial zip) or local (files on disk)"
@@ -144,20 +148,30 @@ class DownloadParams(_Section):
     backoff_s: float = Field(1.0, ge=0, description="first retry wait; doubles each retry, capped at 60 s")
     synthetic: SyntheticParams = SyntheticParams()
     local: LocalParams = LocalParams()
-    # arriving batches (download.synthetic.batch > 0): where they land, where a refused one goes, the share
-    # of each held out (scored beside the frozen test set), the gate they pass before joining
+
+    @model_validator(mode="before")
+    @classmethod
+    def _intake_keys_moved(cls, data: Any) -> Any:
+        """An older params.yaml keeps the arriving batches' keys here: refuse it naming each key and where it
+        goes, rather than an `extra inputs` error that leaves the reader to guess."""
+        if isinstance(data, dict) and (moved := [k for k in MOVED_TO_INTAKE if k in data]):
+            raise ValueError("; ".join(f"download.{k}: moved to the intake: section (intake.{k}); move the key there"
+                                       for k in moved))
+        return data
+
+
+class IntakeParams(_Section):
+    """Arriving batches (tasks/intake): where they come from, the gate they pass before they join the download
+    stage's data (download.out_dir), the share of each held out (scored beside the frozen test set), where
+    they land and where a refused one goes. The embedded feed's batch and generator settings stay
+    download.synthetic's: the same generator makes the base."""
+
+    feed: FeedParams = FeedParams()
+    drift_gate: DriftGateParams = DriftGateParams()
+    holdout_fraction: float = Field(0.2, gt=0, lt=1, description="share of each batch held out for scoring")
     incoming_dir: Path = Field(Path("data/incoming"), description="landing area: incoming/batch-<N>/")
     quarantine_dir: Path = Field(Path("data/quarantine"), description="refused batches, each with its report")
-    report_dir: Path | None = Field(
-        None, description="drift.json, drift.md, drift.png of the latest batch; null: a reports/ folder beside out_dir")
-    holdout_fraction: float = Field(0.2, gt=0, lt=1, description="share of each batch held out for scoring")
-    drift_gate: DriftGateParams = DriftGateParams()
-    feed: FeedParams = FeedParams()
-
-    @property
-    def drift_reports(self) -> Path:
-        """Where the drift gate's report goes (`report_dir`, params.yaml: reports)."""
-        return self.report_dir if self.report_dir is not None else Path(self.out_dir).parent / "reports"
+    report_dir: Path = Field(Path("reports"), description="drift.json, drift.md, drift.png of the latest batch")
 
 
 class ValidateParams(_Section):
@@ -230,7 +244,7 @@ class VersionParams(_Section):
 
 class ScoreParams(_Section):
     """New rows scored with the champion (tasks/score; `python -m tasks score`, the `score/...` deployments):
-    each drop of `source` (as download.feed's folder / url kinds) checked row by row with the validation
+    each drop of `source` (as intake.feed's folder / url kinds) checked row by row with the validation
     rules, its good rows predicted, written to `out_dir/<drop>/` whole (predictions.csv, rejects.jsonl,
     manifest.json naming the model's version and sha256). A drop already scored is skipped."""
 
@@ -249,7 +263,7 @@ class ScoreParams(_Section):
 
     @property
     def kind(self) -> Literal["folder", "url"]:
-        """url when `source` is a URL, else folder (download.feed's kinds)."""
+        """url when `source` is a URL, else folder (intake.feed's kinds)."""
         return "url" if re.match(r"^(https?|file)://", self.source) else "folder"
 
 
@@ -303,6 +317,7 @@ class DatasetParams(_Section):
 class Params(_Section):
     dataset: DatasetParams = DatasetParams()
     download: DownloadParams = DownloadParams()
+    intake: IntakeParams = IntakeParams()
     validate_: ValidateParams = Field(ValidateParams(), alias="validate")
     train: TrainParams = TrainParams()
     convert: ConvertParams = ConvertParams()

@@ -20,26 +20,31 @@ from tasks.download.manifest import DATASET_DIRNAME
 from tasks.intake import intake
 from tasks.intake.ledger import read_ledger
 from tasks.intake.stage import DriftGateError, last_batch_seen
-from tasks.params import DownloadParams, FeedParams, SyntheticParams, ValidateParams
+from tasks.params import DownloadParams, FeedParams, IntakeParams, SyntheticParams, ValidateParams
 from tasks.validate import ValidationError, validate
 
 BATCH_ROWS = 400
 
 
-def _params(root: Path, batch: int, drift: str | list[str] = "none") -> DownloadParams:
+def _download(root: Path, batch: int, drift: str | list[str] = "none") -> DownloadParams:
+    """The base dataset, and the embedded feed's batch `batch` (the generator is the download's)."""
     return DownloadParams(
-        source="synthetic", out_dir=root / "data/raw", incoming_dir=root / "data/incoming",
-        quarantine_dir=root / "data/quarantine", report_dir=root / "reports",
-        feed=FeedParams(ledger=root / "data/intake/batches.json"),
+        source="synthetic", out_dir=root / "data/raw",
         synthetic=SyntheticParams(n_train=1500, n_test=300, image_size=8, seed=3, batch=batch,
                                   batch_rows=BATCH_ROWS, drift=drift),
     )
 
 
-def _take(p: DownloadParams):  # noqa: ANN202
+def _intake(root: Path) -> IntakeParams:
+    return IntakeParams(incoming_dir=root / "data/incoming", quarantine_dir=root / "data/quarantine",
+                        report_dir=root / "reports", feed=FeedParams(ledger=root / "data/intake/batches.json"))
+
+
+def _take(root: Path, batch: int, drift: str | list[str] = "none"):  # noqa: ANN202
     """The download stage (the base), then the intake stage (the batch), as dvc.yaml and the flow run them."""
-    download(p)
-    return intake(p)
+    base = _download(root, batch, drift)
+    download(base)
+    return intake(_intake(root), base)
 
 
 def _tree(folder: Path) -> dict[str, bytes]:
@@ -56,7 +61,7 @@ def accumulated(tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("arriving")
     trees = {}
     for batch in (0, 1, 2, 3):
-        summary = _take(_params(root, batch))
+        summary = _take(root, batch)
         trees[batch] = _tree(root / "data/raw")
         assert summary.batches_taken_in == list(range(1, batch + 1))
     return {"root": root, "trees": trees}
@@ -91,10 +96,10 @@ def test_a_batch_taken_in_twice_and_a_plain_run_change_nothing(accumulated: dict
     root = tmp_path / "copy"
     shutil.copytree(accumulated["root"], root)
     before = _tree(root / "data/raw")
-    assert _take(_params(root, 2)).already == ["batch-0002: batch 2, taken"]
-    _take(_params(root, 0))  # the base of the same params: the accumulated data is kept, not rebuilt
+    assert _take(root, 2).already == ["batch-0002: batch 2, taken"]
+    _take(root, 0)  # the base of the same params: the accumulated data is kept, not rebuilt
     assert _tree(root / "data/raw") == before
-    assert last_batch_seen(_params(root, 0)) == 3
+    assert last_batch_seen(_intake(root)) == 3
 
 
 def test_a_drifted_batch_stops_before_training_and_is_quarantined(accumulated: dict, tmp_path: Path) -> None:
@@ -102,7 +107,7 @@ def test_a_drifted_batch_stops_before_training_and_is_quarantined(accumulated: d
     shutil.copytree(accumulated["root"], root)
     before = _tree(root / "data/raw")
     with pytest.raises(DriftGateError) as err:
-        _take(_params(root, 4, drift=["numeric", "codes"]))
+        _take(root, 4, drift=["numeric", "codes"])
     report = _drift(root)
     assert report["passed"] is False and report["batch"] == 4
     assert "Age" in report["drifted"] and {"FurLength", "MaturitySize"} <= set(report["drifted"])
@@ -113,12 +118,12 @@ def test_a_drifted_batch_stops_before_training_and_is_quarantined(accumulated: d
     assert not (root / "data/incoming/batch-0004").exists()
     assert (root / "reports/drift.md").read_text().startswith("# Drift gate: FAILED")
     assert (root / "reports/drift.png").read_bytes()[:4] == b"\x89PNG"
-    assert last_batch_seen(_params(root, 0)) == 4  # the nightly run moves on to batch 5
+    assert last_batch_seen(_intake(root)) == 4  # the nightly run moves on to batch 5
     # a person reviews it and takes it in: the drift verdict is overridden, and the override recorded
     from fusion_model.dataset import resolve_schema
     from tasks.intake.review import readmit
 
-    record = readmit(_params(root, 0), resolve_schema({"preset": "petfinder"}), 4)
+    record = readmit(_intake(root), _download(root, 0), resolve_schema({"preset": "petfinder"}), 4)
     assert record.status == "readmitted" and any(o.startswith("drift") and "Age" in o for o in record.overrides)
     manifest = json.loads((root / "data/raw/manifest.json").read_text())
     assert manifest["batches"][-1]["batch"] == 4 and manifest["batches"][-1]["overrides"] == record.overrides
@@ -130,7 +135,7 @@ def test_a_batch_with_broken_photos_is_refused_by_validation(accumulated: dict, 
     shutil.copytree(accumulated["root"], root)
     before = _tree(root / "data/raw")
     with pytest.raises(ValidationError, match=r"batch 5 \(batch-0005\) is refused and quarantined") as err:
-        _take(_params(root, 5, drift="photos"))
+        _take(root, 5, drift="photos")
     assert "image files decode" in str(err.value)
     assert _tree(root / "data/raw") == before
     quarantined = root / "data/quarantine/batch-0005"

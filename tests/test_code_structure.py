@@ -21,7 +21,7 @@ MAX_LINES = 400
 
 
 def module_name(path: Path, root: Path) -> str:
-    """`tasks/validate/drift.py` -> `tasks.validate.drift`; `tasks/validate/__init__.py` -> `tasks.validate`."""
+    """`tasks/intake/drift.py` -> `tasks.intake.drift`; `tasks/intake/__init__.py` -> `tasks.intake`."""
     parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()

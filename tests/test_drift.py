@@ -1,4 +1,4 @@
-"""Drift gate (tasks/validate/drift.py, drift_report.py, drift_stats.py) and `python -m tasks drift` on
+"""Drift gate (tasks/intake/drift.py, drift_report.py, drift_stats.py) and `python -m tasks drift` on
 real generated data: a batch from the reference's own distribution passes; each kind of drift fails on
 exactly its column; the columns come by role; the report files are readable; the CLI's exit codes and
 messages.
@@ -19,14 +19,14 @@ from pydantic import BaseModel, ValidationError
 
 from fusion_model.dataset import resolve_schema
 from fusion_model.presets.petfinder import CATEGORICAL_COLUMNS, IMAGES, LABEL, NUMERIC_COLUMNS, TEXT_COLUMNS
-from tasks.validate.drift import MISSING_IMAGES, DriftThresholds, drift_gate, no_batch_report
-from tasks.validate.drift_report import (
+from tasks.intake.drift import MISSING_IMAGES, DriftThresholds, drift_gate, no_batch_report
+from tasks.intake.drift_report import (
     CategoricalDrift,
     DriftReport,
     render_drift_markdown,
     write_drift_report,
 )
-from tasks.validate.drift_stats import DriftColumns, holm
+from tasks.intake.drift_stats import DriftColumns, holm
 
 ROOT = Path(__file__).resolve().parents[1]
 THRESHOLDS = DriftThresholds()
@@ -260,7 +260,7 @@ def test_thresholds_are_checked() -> None:
 def test_params_yaml_holds_the_calibrated_gate() -> None:
     from tasks.params import load_params
 
-    gate = load_params(ROOT / "params.yaml").download.drift_gate
+    gate = load_params(ROOT / "params.yaml").intake.drift_gate
     assert gate == DriftThresholds()  # params.yaml and the typed defaults say the same
     assert set(gate.model_dump()) == {"alpha_fail", "alpha_warn", "min_psi", "min_share_change", "min_rows"}
 
@@ -352,7 +352,7 @@ def test_cli_exit_1_for_a_drifted_batch_with_passed_first(tables: dict[str, Path
     ("empty", "same", (), r"empty\.csv: the file is empty \(--reference\)"),
     ("reference", "damaged", (), r"damaged\.csv: column 'Age' has 2 cell\(s\) that are not numbers \(row 5: "
                                  r"'three', row 10: '7 months'\)\. Write plain numbers"),
-    ("reference", "few", (), r"few\.csv: 20 rows, fewer than download\.drift_gate\.min_rows=50: too few to judge "
+    ("reference", "few", (), r"few\.csv: 20 rows, fewer than intake\.drift_gate\.min_rows=50: too few to judge "
                              r"drift \(--batch\); pass a larger table"),
     ("reference", "other", (), r"other\.csv: none of the dataset's columns \(Age, .*\) is in its header "
                                r"\(sku, price\)"),

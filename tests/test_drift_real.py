@@ -17,12 +17,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import drift_cases as cases  # noqa: E402
 
 from fusion_model.dataset import resolve_schema  # noqa: E402
+from tasks.intake.drift import drift_gate  # noqa: E402
+from tasks.intake.drift_stats import DriftColumns  # noqa: E402
 from tasks.params import DriftGateParams  # noqa: E402
-from tasks.validate.drift import drift_gate  # noqa: E402
-from tasks.validate.drift_stats import DriftColumns  # noqa: E402
 
 COLUMNS = DriftColumns.from_schema(resolve_schema({"preset": "petfinder"}))
-GATE = DriftGateParams()  # params.yaml's download.drift_gate (test_drift.py checks they agree)
+GATE = DriftGateParams()  # params.yaml's intake.drift_gate (test_drift.py checks they agree)
 SEED = 0
 
 

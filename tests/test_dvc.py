@@ -39,17 +39,18 @@ DATA_PACKAGES = {"fusion_model/presets/petfinder_codes"}
 # The params.yaml sections each stage reads: its own, and for the stages that read the table itself the
 # dataset's declaration (the later ones read it from the validated folder, a dep).
 # The download stage tracks only the keys that make the base dataset (which batch arrived is the intake
-# ledger's record, not configuration); the intake stage the feed's and the gate's.
+# ledger's record, not configuration); the intake stage its own section (the feed, the gate, its folders)
+# and the download keys it reads: the folder it joins into and the generator's, never the batch's choice.
 STAGE_PARAMS = {
     "download": ["dataset", "download.source", "download.url", "download.sha256", "download.out_dir",
                  "download.synthetic.n_train", "download.synthetic.n_test", "download.synthetic.image_size",
                  "download.synthetic.seed", "download.local"],
-    "intake": ["dataset", "download.feed", "download.drift_gate", "download.holdout_fraction",
-               "download.incoming_dir", "download.quarantine_dir"],
+    "intake": ["dataset", "intake", "download.out_dir", "download.synthetic.seed", "download.synthetic.image_size"],
     "validate": ["dataset", "validate"],
 }
-# Another stage's package a stage runs: an arriving batch is validated and gated on drift inside intake,
-# and joined into the download stage's dataset (its manifest, the embedded generator's batches).
+# Another stage's package a stage runs: an arriving batch is validated with the validate stage's checks inside
+# intake (the drift gate is intake's own), and joined into the download stage's dataset (its manifest, the
+# embedded generator's batches).
 SHARED_PACKAGES = {"intake": {"tasks/validate", "tasks/download"}}
 
 

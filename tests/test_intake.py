@@ -26,30 +26,35 @@ from tasks.errors import StageError
 from tasks.intake import intake
 from tasks.intake.join import JoinRefused
 from tasks.intake.ledger import read_ledger
-from tasks.params import DownloadParams, FeedParams, SyntheticParams
+from tasks.params import DownloadParams, FeedParams, IntakeParams, ParamsError, SyntheticParams, load_params
 
 ROOT = Path(__file__).resolve().parents[1]
 N_TRAIN, N_TEST, DROP_ROWS = 400, 100, 80
 
 
-def _params(root: Path, on_duplicate: str = "refuse") -> DownloadParams:
-    return DownloadParams(
-        source="synthetic", out_dir=root / "data/raw", incoming_dir=root / "data/incoming",
-        quarantine_dir=root / "data/quarantine", report_dir=root / "reports",
-        synthetic=SyntheticParams(n_train=N_TRAIN, n_test=N_TEST, image_size=8, seed=5, batch_rows=DROP_ROWS),
+def _params(root: Path, on_duplicate: str = "refuse") -> IntakeParams:
+    return IntakeParams(
+        incoming_dir=root / "data/incoming", quarantine_dir=root / "data/quarantine", report_dir=root / "reports",
         feed=FeedParams(kind="folder", path=root / "feed", ledger=root / "data/intake/batches.json",
                         on_duplicate=on_duplicate),
     )
+
+
+def _download(root: Path) -> DownloadParams:
+    """The base dataset the batches join (download.out_dir)."""
+    return DownloadParams(source="synthetic", out_dir=root / "data/raw", synthetic=SyntheticParams(
+        n_train=N_TRAIN, n_test=N_TEST, image_size=8, seed=5, batch_rows=DROP_ROWS))
 
 
 def _tree(folder: Path) -> dict[str, bytes]:
     return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def _write_params(root: Path, p: DownloadParams) -> Path:
-    """A params.yaml for the CLI: the project's, with this test's download section."""
+def _write_params(root: Path, p: IntakeParams, d: DownloadParams) -> Path:
+    """A params.yaml for the CLI: the project's, with this test's intake and download sections."""
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    params["download"] = json.loads(p.model_dump_json())
+    params["intake"] = json.loads(p.model_dump_json())
+    params["download"] = json.loads(d.model_dump_json())
     path = root / "params.yaml"
     path.write_text(yaml.safe_dump(params, sort_keys=False))
     return path
@@ -71,11 +76,11 @@ def _drop(folder: Path, table: pd.DataFrame, *images_from: Path) -> Path:
 def base(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The base dataset, and three batches of new rows of the same population (tables + images)."""
     root = tmp_path_factory.mktemp("intake")
-    p = _params(root)
-    download(p)
+    d = _download(root)
+    download(d)
     rows = {}
     for n in (1, 2, 3):
-        generate_batch(root / f"generated/{n}", p.synthetic, n)
+        generate_batch(root / f"generated/{n}", d.synthetic, n)
         rows[n] = pd.read_csv(root / f"generated/{n}/train.csv", index_col=0, dtype=str, keep_default_na=False)
     return {"root": root, "rows": rows}
 
@@ -86,7 +91,8 @@ def project(base: dict, tmp_path: Path) -> dict:
     root = tmp_path / "p"
     shutil.copytree(base["root"] / "data", root / "data")
     (root / "feed").mkdir()
-    return {"root": root, "p": _params(root), "rows": base["rows"], "generated": base["root"] / "generated"}
+    return {"root": root, "p": _params(root), "d": _download(root), "rows": base["rows"],
+            "generated": base["root"] / "generated"}
 
 
 def _train(root: Path) -> pd.DataFrame:
@@ -96,9 +102,9 @@ def _train(root: Path) -> pd.DataFrame:
 @pytest.mark.slow
 def test_a_fresh_index_batch_gets_new_row_ids_and_the_same_drop_again_is_a_no_op(project: dict) -> None:
     """Before: the batch's 0..n-1 index became row ids the base already had (duplicates in train.csv)."""
-    root, p = project["root"], project["p"]
+    root, p, d = project["root"], project["p"], project["d"]
     _drop(root / "feed/2026-12-01", project["rows"][1], project["generated"] / "1")
-    summary = intake(p)
+    summary = intake(p, d)
     assert summary.taken == [1] and summary.batches_taken_in == [1]
     train = _train(root)
     assert train.index.is_unique and train[PET_ID].is_unique
@@ -113,34 +119,34 @@ def test_a_fresh_index_batch_gets_new_row_ids_and_the_same_drop_again_is_a_no_op
     assert [(b["batch"], b["sha256"]) for b in manifest["batches"]] == [(1, ledger.batches[0].sha256)]
 
     before = _tree(root / "data/raw")
-    again = intake(p)  # the same drop, and the same content under another name: nothing new
+    again = intake(p, d)  # the same drop, and the same content under another name: nothing new
     shutil.copytree(root / "feed/2026-12-01", root / "feed/2026-12-01-resent")
-    resent = intake(p)
+    resent = intake(p, d)
     assert again.taken == [] and resent.taken == [] and len(resent.already) == 2
     assert _tree(root / "data/raw") == before
 
 
 def test_a_changed_drop_under_a_used_name_is_refused_naming_it(project: dict) -> None:
-    root, p = project["root"], project["p"]
+    root, p, d = project["root"], project["p"], project["d"]
     drop = _drop(root / "feed/drop-a", project["rows"][1], project["generated"] / "1")
-    intake(p)
+    intake(p, d)
     before = _tree(root / "data/raw")
     changed = pd.read_csv(drop / "train.csv", index_col=0, dtype=str, keep_default_na=False)
     changed.loc[0, "Age"] = "7"
     changed.to_csv(drop / "train.csv")
     with pytest.raises(StageError, match=r"feed drop 'drop-a' .* has changed since it was seen as batch 1"):
-        intake(p)
+        intake(p, d)
     assert _tree(root / "data/raw") == before
 
 
 def test_duplicate_ids_are_refused_naming_them_and_quarantined_with_the_reason(project: dict) -> None:
-    root, p = project["root"], project["p"]
+    root, p, d = project["root"], project["p"], project["d"]
     taken = _train(root).iloc[:3]  # three rows the data already holds (their photos too)
     table = pd.concat([project["rows"][2], taken], ignore_index=True)
     _drop(root / "feed/drop-b", table, root / "data/raw/dataset", project["generated"] / "2")
     before = _tree(root / "data/raw")
     with pytest.raises(JoinRefused) as err:
-        intake(p)
+        intake(p, d)
     message = str(err.value)
     assert "3 id(s) of column 'PetID' are already in the accumulated data" in message
     assert f"{taken[PET_ID].iloc[0]} (row {DROP_ROWS + 1})" in message and "on_duplicate: update" in message
@@ -152,24 +158,24 @@ def test_duplicate_ids_are_refused_naming_them_and_quarantined_with_the_reason(p
 
 
 def test_ids_repeated_inside_a_batch_are_refused(project: dict) -> None:
-    root, p = project["root"], project["p"]
+    root, p, d = project["root"], project["p"], project["d"]
     rows = project["rows"][2]
     table = pd.concat([rows, rows.iloc[[5]]], ignore_index=True)
     _drop(root / "feed/drop-c", table, project["generated"] / "2")
     before = _tree(root / "data/raw")
     with pytest.raises(StageError, match=rf"'PetID': expected PetID unique .*PetID='{rows[PET_ID].iloc[5]}'"):
-        intake(p)  # the batch's own validation names them first (the join checks again)
+        intake(p, d)  # the batch's own validation names them first (the join checks again)
     assert _tree(root / "data/raw") == before
 
 
 def test_with_on_duplicate_update_the_newer_row_replaces_the_older_and_is_recorded(project: dict) -> None:
-    root = project["root"]
+    root, d = project["root"], project["d"]
     p = _params(root, on_duplicate="update")
     older = _train(root).iloc[:2].copy()
     newer = older.assign(Age=["99", "98"])
     _drop(root / "feed/drop-d", pd.concat([project["rows"][2], newer], ignore_index=True), root / "data/raw/dataset",
           project["generated"] / "2")
-    summary = intake(p)
+    summary = intake(p, d)
     assert summary.taken == [1]
     [record] = read_ledger(p.feed.ledger).batches
     assert record.replaced == sorted(older[PET_ID])
@@ -184,7 +190,7 @@ def test_with_on_duplicate_update_the_newer_row_replaces_the_older_and_is_record
 
 def test_an_image_name_clash_is_refused_by_name(project: dict) -> None:
     """Before: a raw FileExistsError from os.link."""
-    root, p = project["root"], project["p"]
+    root, p, d = project["root"], project["p"], project["d"]
     rows = project["rows"][3].copy()
     drop = _drop(root / "feed/drop-e", rows, project["generated"] / "3")
     existing = split_images(_train(root)[IMAGES].iloc[0])[0]  # a photo of a row already taken in
@@ -195,24 +201,24 @@ def test_an_image_name_clash_is_refused_by_name(project: dict) -> None:
     before = _tree(root / "data/raw")
     with pytest.raises(JoinRefused, match=rf"image file\(s\) .* different image already in the accumulated data: "
                                           rf"{existing}"):
-        intake(p)
+        intake(p, d)
     assert _tree(root / "data/raw") == before
 
 
 @pytest.mark.slow
 def test_the_quarantine_is_reviewed_with_the_batches_cli(project: dict, capsys: pytest.CaptureFixture[str]) -> None:
-    root, p = project["root"], project["p"]
-    params = _write_params(root, p)
+    root, p, d = project["root"], project["p"], project["d"]
+    params = _write_params(root, p, d)
     taken = _train(root).iloc[:2]
     _drop(root / "feed/a", pd.concat([project["rows"][1], taken], ignore_index=True), root / "data/raw/dataset",
           project["generated"] / "1")
     with pytest.raises(JoinRefused):
-        intake(p)
+        intake(p, d)
     shutil.rmtree(root / "feed/a")
     rows = project["rows"][2]
     _drop(root / "feed/b", pd.concat([rows, rows.iloc[[0]]], ignore_index=True), project["generated"] / "2")
     with pytest.raises(StageError):
-        intake(p)
+        intake(p, d)
     capsys.readouterr()
 
     assert main(["batches", "--params", str(params), "list"]) == 0
@@ -258,7 +264,7 @@ def test_validate_refuses_repeated_row_ids_naming_them_instead_of_crashing(base:
 
 def test_a_url_feed_takes_the_drops_its_listing_names(project: dict, tmp_path: Path) -> None:
     """kind url: a listing of drop URLs (file:// here; http(s) goes through the download's retries)."""
-    root = project["root"]
+    root, d = project["root"], project["d"]
     rows = project["rows"][1]
     served = tmp_path / "served"
     _drop(served / "first", rows, project["generated"] / "1")
@@ -266,10 +272,10 @@ def test_a_url_feed_takes_the_drops_its_listing_names(project: dict, tmp_path: P
     (served / "listing.txt").write_text(f"# drops\nnightly-1 file://{served / 'first.zip'}\n")
     p = project["p"].model_copy(update={"feed": FeedParams(kind="url", url=f"file://{served / 'listing.txt'}",
                                                            ledger=root / "data/intake/batches.json")})
-    assert intake(p).taken == [1]
+    assert intake(p, d).taken == [1]
     [record] = read_ledger(p.feed.ledger).batches
     assert record.name == "nightly-1" and record.origin.endswith("first.zip")
-    assert intake(p).already == [f"nightly-1: batch 1, {record.status}"]
+    assert intake(p, d).already == [f"nightly-1: batch 1, {record.status}"]
 
 
 @pytest.mark.slow
@@ -278,7 +284,7 @@ def test_dvc_lock_names_the_batches_the_data_holds(tmp_path: Path) -> None:
     which names the batch by content sha256; the download stage's entry claims no batch number."""
     from project_copy import dvc, make_project
 
-    project = make_project(tmp_path / "project", {"download": {"feed": {"kind": "folder", "path": "feed"}}})
+    project = make_project(tmp_path / "project", {"intake": {"feed": {"kind": "folder", "path": "feed"}}})
     generate_batch(tmp_path / "rows", SyntheticParams(image_size=32, seed=7, batch_rows=60), 1)
     _drop(project / "feed/2026-12-02", pd.read_csv(tmp_path / "rows/train.csv", index_col=0, dtype=str,
                                                    keep_default_na=False), tmp_path / "rows")
@@ -299,10 +305,41 @@ def test_dvc_lock_names_the_batches_the_data_holds(tmp_path: Path) -> None:
 
 
 def test_a_parquet_drop_is_taken_in_like_a_csv(project: dict) -> None:
-    root, p = project["root"], project["p"]
+    root, p, d = project["root"], project["p"], project["d"]
     drop = _drop(root / "feed/drop-p", project["rows"][1], project["generated"] / "1")
     table = pd.read_csv(drop / "train.csv", index_col=0, dtype=str, keep_default_na=False)
     (drop / "train.csv").unlink()
     table.to_parquet(drop / "rows.parquet")
-    assert intake(p).taken == [1]
+    assert intake(p, d).taken == [1]
     assert _train(root)[PET_ID].is_unique and len(_train(root)) == N_TRAIN + DROP_ROWS - round(DROP_ROWS * 0.2)
+
+
+# --- params.yaml `intake:` ------------------------------------------------------------------------------
+
+
+def test_params_yaml_declares_the_intake_section_right_after_download_with_its_defaults() -> None:
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    sections = list(raw)
+    assert sections[sections.index("download") + 1] == "intake"
+    assert load_params(ROOT / "params.yaml").intake == IntakeParams()
+    assert not {"feed", "drift_gate", "holdout_fraction", "incoming_dir", "quarantine_dir", "report_dir"} & set(
+        raw["download"])
+
+
+def test_an_old_params_yaml_with_the_intake_keys_under_download_is_refused_naming_each(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before the intake stage had its own section these keys were download's: an old file must say where
+    each one went, not fail on an unknown key (or silently use the defaults)."""
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["download"] |= {"feed": {"kind": "folder", "path": "feed"}, "report_dir": "reports", "holdout_fraction": 0.3}
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+    with pytest.raises(ParamsError) as err:
+        load_params(path)
+    for key in ("feed", "holdout_fraction", "report_dir"):
+        assert f"download.{key}: moved to the intake: section (intake.{key}); move the key there" in str(err.value)
+    assert "drift_gate" not in str(err.value)  # only the keys the file has
+    assert main(["intake", "--params", str(path)]) == 1
+    assert "download.feed: moved to the intake: section (intake.feed)" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"download\.incoming_dir: moved to the intake: section"):
+        DownloadParams(incoming_dir="data/incoming")

@@ -277,8 +277,8 @@ def test_same_input_twice_gives_byte_identical_output(kaggle: Path, tmp_path: Pa
 def test_params_yaml_and_the_cli_take_the_local_source(kaggle: Path, tmp_path: Path) -> None:
     assert load_params(ROOT / "params.yaml").download.local == LocalParams()
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    params["download"].update(source="local", local={"path": str(kaggle), "seed": 1},
-                              report_dir=str(tmp_path / "reports"))
+    params["download"].update(source="local", local={"path": str(kaggle), "seed": 1})
+    params["intake"]["report_dir"] = str(tmp_path / "reports")
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     out = tmp_path / "raw"
     done = subprocess.run(

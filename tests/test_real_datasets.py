@@ -74,8 +74,9 @@ def _project(tmp: Path, case: dict[str, Any]) -> Path:
     local = {"path": str(table), "drop_bad_ids": case.get("drop_bad_ids", False)}
     if "images" in case:
         local["images_dir"] = str(SHARED / case["images"])
-    params["download"].update(source="local", out_dir=str(tmp / "raw"), report_dir=str(tmp / "reports"), local=local)
-    params["download"]["feed"]["ledger"] = str(tmp / "intake/batches.json")  # never the project's own
+    params["download"].update(source="local", out_dir=str(tmp / "raw"), local=local)
+    params["intake"]["report_dir"] = str(tmp / "reports")
+    params["intake"]["feed"]["ledger"] = str(tmp / "intake/batches.json")  # never the project's own
     params["validate"].update(dataset_dir=str(tmp / "raw/dataset"), out_dir=str(tmp / "validated"),
                               report_dir=str(tmp / "reports"))
     params["train"].update(data_dir=str(tmp / "validated"), out_dir=str(tmp / "checkpoints"),

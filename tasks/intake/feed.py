@@ -1,4 +1,4 @@
-"""Where arriving batches come from: the drops of `download.feed`, each with its content's sha256.
+"""Where arriving batches come from: the drops of `intake.feed`, each with its content's sha256.
 
 A drop is one arriving batch as its sender made it: a folder holding a table (`train.csv`, or the one
 CSV / Parquet file in it) and the images its cells name, or a table file alone (no images). Kinds:
@@ -22,7 +22,7 @@ from urllib.parse import unquote, urlparse
 from fusion_model.dataset import DatasetSchema
 from tasks._io.hashing import file_hashes, fingerprint, sha256_file
 from tasks.errors import StageError
-from tasks.params import DownloadParams
+from tasks.params import FeedParams, SyntheticParams
 
 TABLE_SUFFIXES = (".csv", ".parquet")
 PREFERRED_TABLE = "train.csv"
@@ -37,6 +37,16 @@ class Drop:
     batch: int | None = None  # the synthetic feed numbers its own batches
 
 
+@dataclass(frozen=True)
+class Fetching:
+    """How a url feed's listing and drops are fetched: the per-request timeout, the tries on a transient
+    failure and the first retry's wait. The intake passes the download section's, scoring its own."""
+
+    timeout_s: float
+    max_attempts: int
+    backoff_s: float = 1.0
+
+
 def drop_sha256(path: Path) -> str:
     return sha256_file(path) if path.is_file() else fingerprint(file_hashes(path))
 
@@ -46,7 +56,7 @@ def table_of(drop: Path) -> Path:
     if drop.is_file():
         if drop.suffix.lower() not in TABLE_SUFFIXES:
             raise StageError(f"{drop}: a drop must be a CSV or Parquet table, or a folder holding one; rename it to "
-                             ".csv / .parquet, or narrow download.feed.glob so it is not taken as a drop")
+                             ".csv / .parquet, or narrow intake.feed.glob so it is not taken as a drop")
         return drop
     if (drop / PREFERRED_TABLE).is_file():
         return drop / PREFERRED_TABLE
@@ -58,14 +68,13 @@ def table_of(drop: Path) -> Path:
     return tables[0]
 
 
-def _folder_drops(p: DownloadParams) -> list[Drop]:
-    feed = p.feed
+def _folder_drops(feed: FeedParams) -> list[Drop]:
     if feed.path is None:
-        raise StageError("download.feed.kind is folder but download.feed.path is not set; set it to the folder "
+        raise StageError("intake.feed.kind is folder but intake.feed.path is not set; set it to the folder "
                          "batches arrive in")
     root = Path(feed.path)
     if not root.is_dir():
-        raise StageError(f"{root}: no such folder (download.feed.path); create it or point the key at the feed")
+        raise StageError(f"{root}: no such folder (intake.feed.path); create it or point the key at the feed")
     entries = sorted(e for e in root.glob(feed.glob) if not e.name.startswith("."))
     return [Drop(name=e.name, path=e, sha256=drop_sha256(e), origin=str(e)) for e in entries]
 
@@ -90,7 +99,7 @@ def _listing(text: str, listing_url: str) -> list[tuple[str, str]]:
     return out
 
 
-def _get(url: str, dest: Path, p: DownloadParams) -> None:
+def _get(url: str, dest: Path, fetching: Fetching) -> None:
     parsed = urlparse(url)
     if parsed.scheme == "file":
         source = Path(unquote(parsed.path))
@@ -100,16 +109,15 @@ def _get(url: str, dest: Path, p: DownloadParams) -> None:
         return
     from tasks._io.http import fetch
 
-    fetch(url, dest, p.timeout_s, p.max_attempts, p.backoff_s)
+    fetch(url, dest, fetching.timeout_s, fetching.max_attempts, fetching.backoff_s)
 
 
-def _url_drops(p: DownloadParams, work: Path) -> list[Drop]:
-    feed = p.feed
+def _url_drops(feed: FeedParams, work: Path, fetching: Fetching) -> list[Drop]:
     if feed.url is None:
-        raise StageError("download.feed.kind is url but download.feed.url is not set; set it to the listing's URL")
+        raise StageError("intake.feed.kind is url but intake.feed.url is not set; set it to the listing's URL")
     work.mkdir(parents=True, exist_ok=True)
     listing = work / "listing.txt"
-    _get(feed.url, listing, p)
+    _get(feed.url, listing, fetching)
     drops = []
     seen: set[str] = set()
     for name, url in _listing(listing.read_text(encoding="utf-8"), feed.url):
@@ -123,7 +131,7 @@ def _url_drops(p: DownloadParams, work: Path) -> list[Drop]:
             from tasks._io.safe_zip import safe_extract
 
             archive = work / f"{name}.zip"
-            _get(url, archive, p)
+            _get(url, archive, fetching)
             shutil.rmtree(got, ignore_errors=True)
             got.mkdir()
             safe_extract(archive, got)
@@ -132,31 +140,34 @@ def _url_drops(p: DownloadParams, work: Path) -> list[Drop]:
                 got = inner[0]
         else:
             got = got.with_name(name if Path(name).suffix else name + (suffix or ".csv"))
-            _get(url, got, p)
+            _get(url, got, fetching)
         drops.append(Drop(name=name, path=got, sha256=drop_sha256(got), origin=url))
     return drops
 
 
-def _synthetic_drop(p: DownloadParams, schema: DatasetSchema, work: Path) -> list[Drop]:
+def _synthetic_drop(synthetic: SyntheticParams, schema: DatasetSchema, work: Path) -> list[Drop]:
     from tasks.download.synthetic.generator import generate_batch
 
-    batch = p.synthetic.batch
+    batch = synthetic.batch
     if batch < 1:
         return []
     folder = work / f"batch-{batch:04d}"
     try:
-        generate_batch(folder, p.synthetic, batch, schema.label.problem_type)
+        generate_batch(folder, synthetic, batch, schema.label.problem_type)
     except ValueError as e:
         raise StageError(f"download.synthetic: {e}") from None
     return [Drop(name=folder.name, path=folder, sha256=drop_sha256(folder), origin="embedded generator",
                  batch=batch)]
 
 
-def list_drops(p: DownloadParams, schema: DatasetSchema, work: Path) -> list[Drop]:
-    """The feed's drops, oldest (name order) first; `work` is a scratch folder for fetched or generated ones."""
-    kind = p.feed.kind
-    if kind == "folder":
-        return _folder_drops(p)
-    if kind == "url":
-        return _url_drops(p, work / "url")
-    return _synthetic_drop(p, schema, work / "synthetic")
+def list_drops(feed: FeedParams, schema: DatasetSchema, work: Path, fetching: Fetching,
+               synthetic: SyntheticParams | None = None) -> list[Drop]:
+    """The feed's drops, oldest (name order) first; `work` is a scratch folder for fetched or generated ones.
+    `fetching` serves the url kind; `synthetic` (the generator's settings, its batch) the synthetic kind."""
+    if feed.kind == "folder":
+        return _folder_drops(feed)
+    if feed.kind == "url":
+        return _url_drops(feed, work / "url", fetching)
+    if synthetic is None:  # a caller reading folders or listings only (scoring) never asks for this kind
+        raise ValueError("a synthetic feed needs the generator's settings (download.synthetic)")
+    return _synthetic_drop(synthetic, schema, work / "synthetic")

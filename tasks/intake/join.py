@@ -96,7 +96,7 @@ def plan_join(landed: Path, dataset: Path, schema: DatasetSchema, on_duplicate: 
                 raise JoinRefused(
                     f"{label}: {len(taken)} id(s) of column '{key}' are already in the accumulated data: "
                     f"{_rows_of(ids, set(taken))}. Fix: drop these rows from the batch and drop it again under a "
-                    "new name, or set download.feed.on_duplicate: update to let the newer rows replace the older "
+                    "new name, or set intake.feed.on_duplicate: update to let the newer rows replace the older "
                     "ones (then `python -m tasks batches readmit N`)")
             plan.replaced = sorted(taken)
             for name, table in tables.items():

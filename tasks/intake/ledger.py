@@ -1,4 +1,4 @@
-"""The intake ledger (`download.feed.ledger`, data/intake/batches.json): every batch the feed delivered,
+"""The intake ledger (`intake.feed.ledger`, data/intake/batches.json): every batch the feed delivered,
 by content sha256, and what became of it. It is the intake stage's DVC output, so `dvc.lock` names it
 and git keeps what the accumulated data holds; the raw manifest lists the batches taken in as well.
 

@@ -16,13 +16,13 @@ from fusion_model.dataset import DatasetSchema
 from tasks.errors import StageError
 from tasks.intake.ledger import BatchRecord, read_ledger, write_ledger
 from tasks.intake.stage import check_and_join
-from tasks.params import DownloadParams
+from tasks.params import DownloadParams, IntakeParams
 
 # check that refused a batch -> what readmitting it overrides
 OVERRIDABLE = {"drift": "drift", "join": "duplicates"}
 
 
-def listing(p: DownloadParams) -> list[dict[str, Any]]:
+def listing(p: IntakeParams) -> list[dict[str, Any]]:
     return [b.model_dump(mode="json") for b in read_ledger(p.feed.ledger).batches]
 
 
@@ -38,7 +38,7 @@ def render(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _quarantined(p: DownloadParams, batch: int) -> tuple[Any, BatchRecord, Path]:
+def _quarantined(p: IntakeParams, batch: int) -> tuple[Any, BatchRecord, Path]:
     ledger = read_ledger(p.feed.ledger)
     record = ledger.get(batch)
     if record is None:
@@ -52,7 +52,8 @@ def _quarantined(p: DownloadParams, batch: int) -> tuple[Any, BatchRecord, Path]
     return ledger, record, folder
 
 
-def readmit(p: DownloadParams, schema: DatasetSchema, batch: int) -> BatchRecord:
+def readmit(p: IntakeParams, download: DownloadParams, schema: DatasetSchema, batch: int) -> BatchRecord:
+    """Take the quarantined batch in, overriding the check that refused it; `download`: the data it joins."""
     ledger, record, folder = _quarantined(p, batch)
     override = OVERRIDABLE.get(record.check)
     if override is None or (record.check == "join" and "already in the accumulated data" not in record.reason):
@@ -62,10 +63,10 @@ def readmit(p: DownloadParams, schema: DatasetSchema, batch: int) -> BatchRecord
     if not (folder / "train.csv").is_file():
         raise StageError(f"{folder}: the quarantined batch's files are gone; drop it again under a new name")
     record.overrides = sorted({*record.overrides, f"{record.check}: reviewed ({record.reason[:200]})"})
-    return check_and_join(p, schema, ledger, folder, record, overrides=frozenset({override}))
+    return check_and_join(p, download, schema, ledger, folder, record, overrides=frozenset({override}))
 
 
-def reject(p: DownloadParams, batch: int, reason: str = "") -> BatchRecord:
+def reject(p: IntakeParams, batch: int, reason: str = "") -> BatchRecord:
     ledger, record, _folder = _quarantined(p, batch)
     record.status = "rejected"
     record.reason = (reason + " " if reason else "") + f"(was: [{record.check}] {record.reason})"

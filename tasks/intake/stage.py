@@ -2,7 +2,7 @@
 
 ```
 feed drop ─> data/incoming/batch-<N>/ ─> validated alone ─> drift gate ─> joined by id into data/raw/dataset/
-  (download.feed)   (landing: train.csv       (the GX suite)     (against the     (train.csv + holdout/batch-<N>.csv)
+  (intake.feed)     (landing: train.csv       (the GX suite)     (against the     (train.csv + holdout/batch-<N>.csv)
                      + images, fresh row ids)                     training rows)   or data/quarantine/batch-<N>/
 ```
 
@@ -31,13 +31,13 @@ from tasks._io.files import write_text
 from tasks._io.folders import temp_dir_beside
 from tasks.download.manifest import DATASET_DIRNAME, read_manifest
 from tasks.errors import StageError
-from tasks.intake.feed import Drop, list_drops, table_of
+from tasks.intake.drift import drift_gate, no_batch_report
+from tasks.intake.drift_report import DriftReport, write_drift_report
+from tasks.intake.drift_stats import DriftColumns
+from tasks.intake.feed import Drop, Fetching, list_drops, table_of
 from tasks.intake.join import JoinPlan, JoinRefused, apply_join, next_row_id, plan_join
 from tasks.intake.ledger import JOINED, BatchRecord, Ledger, read_ledger, write_ledger
-from tasks.params import DownloadParams
-from tasks.validate.drift import drift_gate, no_batch_report
-from tasks.validate.drift_report import DriftReport, write_drift_report
-from tasks.validate.drift_stats import DriftColumns
+from tasks.params import DownloadParams, IntakeParams
 from tasks.validate.report import failure_message, render_markdown, report_json
 from tasks.validate.stage import ValidationError, check_tables
 from tasks.validate.tables import (
@@ -71,7 +71,7 @@ def batch_name(batch: int) -> str:
     return f"batch-{batch:04d}"
 
 
-def last_batch_seen(p: DownloadParams) -> int:
+def last_batch_seen(p: IntakeParams) -> int:
     """The highest batch in the ledger or the quarantine: the nightly run takes the synthetic batch after it."""
     seen = [b.batch for b in read_ledger(p.feed.ledger).batches]
     seen += [int(q.name.split("-")[1]) for q in Path(p.quarantine_dir).glob("batch-*") if q.is_dir()]
@@ -128,7 +128,7 @@ def _typed(dataset_dir: Path, name: str, file: str, schema: DatasetSchema,
                        schema, rule), rule
 
 
-def quarantine(p: DownloadParams, landed: Path, record: BatchRecord, reports: dict[str, str]) -> Path:
+def quarantine(p: IntakeParams, landed: Path, record: BatchRecord, reports: dict[str, str]) -> Path:
     """Move a refused batch out of the landing area, with `reason.txt` and its reports beside its files."""
     dest = Path(p.quarantine_dir) / landed.name
     if dest.resolve() != landed.resolve():  # a readmitted batch refused again stays where it is
@@ -141,7 +141,7 @@ def quarantine(p: DownloadParams, landed: Path, record: BatchRecord, reports: di
     return dest
 
 
-def _refuse(p: DownloadParams, ledger: Ledger, landed: Path, record: BatchRecord, check: str, reason: str,
+def _refuse(p: IntakeParams, ledger: Ledger, landed: Path, record: BatchRecord, check: str, reason: str,
             reports: dict[str, str], error: type[StageError]) -> StageError:
     record.status, record.check, record.reason = "quarantined", check, reason
     record.quarantine = str(quarantine(p, landed, record, reports))
@@ -152,11 +152,11 @@ def _refuse(p: DownloadParams, ledger: Ledger, landed: Path, record: BatchRecord
                  f"`python -m tasks batches readmit {record.batch}` or `reject {record.batch}`.")
 
 
-def check_and_join(p: DownloadParams, schema: DatasetSchema, ledger: Ledger, landed: Path, record: BatchRecord,
-                   overrides: frozenset[str] = frozenset()) -> BatchRecord:
-    """Validate the landed batch alone, gate it, join it; or quarantine it and raise. `overrides`: the
-    checks a review lets pass (drift, duplicates)."""
-    out_dir = Path(p.out_dir)
+def check_and_join(p: IntakeParams, download: DownloadParams, schema: DatasetSchema, ledger: Ledger, landed: Path,
+                   record: BatchRecord, overrides: frozenset[str] = frozenset()) -> BatchRecord:
+    """Validate the landed batch alone, gate it, join it into `download.out_dir`; or quarantine it and raise.
+    `overrides`: the checks a review lets pass (drift, duplicates)."""
+    out_dir = Path(download.out_dir)
     dataset = out_dir / DATASET_DIRNAME
     label = f"batch {record.batch} ({record.name})"
     reference, rule = _typed(dataset, "train", "train.csv", schema)
@@ -170,10 +170,10 @@ def check_and_join(p: DownloadParams, schema: DatasetSchema, ledger: Ledger, lan
     rows = typed_table(frames["batch"], schema, rule)
     gate = drift_gate(reference, rows, DriftColumns.from_schema(schema, rule.classes), p.drift_gate)
     gate.batch = record.batch
-    write_drift_report(gate, p.drift_reports)
+    write_drift_report(gate, p.report_dir)
     if not gate.passed and "drift" not in overrides:
         raise _refuse(p, ledger, landed, record, "drift",
-                      f"The drift gate stopped it: {gate.reason} Report: {p.drift_reports / 'drift.md'}.",
+                      f"The drift gate stopped it: {gate.reason} Report: {p.report_dir / 'drift.md'}.",
                       {"drift.json": gate.model_dump_json(indent=2)}, DriftGateError)
     on_duplicate = "update" if "duplicates" in overrides else p.feed.on_duplicate
     try:
@@ -185,7 +185,7 @@ def check_and_join(p: DownloadParams, schema: DatasetSchema, ledger: Ledger, lan
         record.overrides = sorted({*record.overrides, f"drift: {', '.join(gate.drifted)}"})
     record.status = "readmitted" if overrides else "warned" if gate.warned else "taken"
     record.reason = gate.reason if gate.warned or not gate.passed else ""
-    _joined(p, plan, record, gate, landed)
+    _joined(p, download, plan, record, gate, landed)
     shutil.rmtree(landed, ignore_errors=True)
     record.quarantine = None
     ledger.put(record)
@@ -193,23 +193,26 @@ def check_and_join(p: DownloadParams, schema: DatasetSchema, ledger: Ledger, lan
     return record
 
 
-def _joined(p: DownloadParams, plan: JoinPlan, record: BatchRecord, gate: DriftReport, landed: Path) -> None:
+def _joined(p: IntakeParams, download: DownloadParams, plan: JoinPlan, record: BatchRecord, gate: DriftReport,
+            landed: Path) -> None:
     manifest_record = {"batch": record.batch, "name": record.name, "sha256": record.sha256,
                        "status": record.status, "replaced": record.replaced, "overrides": record.overrides,
                        "drift": {"passed": gate.passed, "warned": gate.warned, "warnings": gate.warnings,
                                  "drifted": gate.drifted}}
     # `landed`: the incoming folder, or the quarantine one (readmit)
-    done = apply_join(plan, landed, Path(p.out_dir), record.batch, p.synthetic.seed, p.holdout_fraction,
-                      manifest_record)
+    done = apply_join(plan, landed, Path(download.out_dir), record.batch, download.synthetic.seed,
+                      p.holdout_fraction, manifest_record)
     record.train_rows, record.holdout_rows = done["train_rows"], done["holdout_rows"]
 
 
-def intake(p: DownloadParams, dataset: DatasetSchema | None = None) -> IntakeSummary:
-    """Take every new drop of `download.feed` in, oldest first; stop at the first refused one (quarantined,
-    raised). `dataset`: the declared table (default: the PetFinder preset)."""
+def intake(p: IntakeParams, download: DownloadParams, dataset: DatasetSchema | None = None) -> IntakeSummary:
+    """Take every new drop of `intake.feed` in, oldest first, joining it into the download stage's data
+    (`download.out_dir`); stop at the first refused one (quarantined, raised). `download` also gives the
+    embedded feed's batch and generator (`download.synthetic`) and a url feed's timeout and tries.
+    `dataset`: the declared table (default: the PetFinder preset)."""
     start = time.perf_counter()
     schema = dataset or resolve_schema({"preset": "petfinder"})
-    out_dir = Path(p.out_dir)
+    out_dir = Path(download.out_dir)
     if not (out_dir / DATASET_DIRNAME / "train.csv").is_file():
         raise StageError(f"{out_dir / DATASET_DIRNAME / 'train.csv'}: no accumulated dataset to take batches into; "
                          "run `python -m tasks download` first (the base dataset).")
@@ -217,7 +220,8 @@ def intake(p: DownloadParams, dataset: DatasetSchema | None = None) -> IntakeSum
     summary = IntakeSummary(feed=p.feed.kind, seen=0)
     work = temp_dir_beside(Path(p.incoming_dir), "feed")
     try:
-        drops = list_drops(p, schema, work)
+        fetching = Fetching(download.timeout_s, download.max_attempts, download.backoff_s)
+        drops = list_drops(p.feed, schema, work, fetching, download.synthetic)
         summary.seen = len(drops)
         # batches the ledger took in but the data lacks (the base was rebuilt from a changed source): again
         in_data = {b.get("sha256") for b in (read_manifest(out_dir) or {}).get("batches", [])}
@@ -240,14 +244,14 @@ def intake(p: DownloadParams, dataset: DatasetSchema | None = None) -> IntakeSum
             record = BatchRecord(batch=number, name=drop.name, sha256=drop.sha256, origin=drop.origin, status="taken")
             landed = land(drop, Path(p.incoming_dir) / batch_name(number), schema,
                           next_row_id(out_dir / DATASET_DIRNAME))
-            done = check_and_join(p, schema, ledger, landed, record)
+            done = check_and_join(p, download, schema, ledger, landed, record)
             summary.taken.append(done.batch)
             if done.status == "warned":
                 summary.warned.append(done.batch)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if not summary.taken:
-        write_drift_report(no_batch_report(p.drift_gate), p.drift_reports)
+        write_drift_report(no_batch_report(p.drift_gate), p.report_dir)
     write_ledger(p.feed.ledger, ledger)  # the stage's output exists even before the first batch
     summary.batches_taken_in = [b.batch for b in ledger.joined()]
     summary.message = message(summary)

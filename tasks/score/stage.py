@@ -43,8 +43,8 @@ from tasks._io.files import read_json_if_present, write_json, write_text
 from tasks._io.folders import recover_dir, swap_dir, temp_dir_beside
 from tasks._io.hashing import sha256_file
 from tasks.errors import StageError, TransientError
-from tasks.intake.feed import TABLE_SUFFIXES, Drop, list_drops, table_of
-from tasks.params import DownloadParams, FeedParams, ScoreParams
+from tasks.intake.feed import TABLE_SUFFIXES, Drop, Fetching, list_drops, table_of
+from tasks.params import FeedParams, ScoreParams
 from tasks.score.rows import check_rows, predict_rows, read_rows
 
 MANIFEST = "manifest.json"
@@ -110,7 +110,7 @@ def load_champion(champion_dir: Path) -> LoadedModel:
 
 
 def _drops(params: ScoreParams, model: LoadedModel, work: Path) -> list[Drop]:
-    """The source's drops, read by the intake's feed readers (download.feed's folder and url kinds)."""
+    """The source's drops, read by the intake's feed readers (intake.feed's folder and url kinds)."""
     if params.kind == "folder":
         folder = Path(params.source)
         if not folder.is_dir():
@@ -121,8 +121,7 @@ def _drops(params: ScoreParams, model: LoadedModel, work: Path) -> list[Drop]:
         feed = FeedParams(kind="folder", path=folder, glob=params.glob)
     else:
         feed = FeedParams(kind="url", url=params.source)
-    fetch = DownloadParams(feed=feed, timeout_s=params.timeout_s, max_attempts=params.max_attempts)
-    return list_drops(fetch, model.predictor.schema, work)
+    return list_drops(feed, model.predictor.schema, work, Fetching(params.timeout_s, params.max_attempts))
 
 
 @contextmanager

@@ -95,7 +95,7 @@ def _batches(params: Params) -> list[dict[str, Any]]:
     what was quarantined, rejected or readmitted (with the checks a review overrode)."""
     from tasks.intake.ledger import read_ledger
 
-    return [b.model_dump(mode="json") for b in read_ledger(params.download.feed.ledger).batches]
+    return [b.model_dump(mode="json") for b in read_ledger(params.intake.feed.ledger).batches]
 
 
 def overridden_keys(params_file: Path, effective: Params) -> list[str]:

@@ -29,9 +29,8 @@ from pydantic import BaseModel
 
 from fusion_model.checks import image_cells
 from fusion_model.dataset import DatasetSchema, split_images
-from tasks.params import DriftGateParams as DriftThresholds  # params.yaml download.drift_gate
-from tasks.validate import drift_stats
-from tasks.validate.drift_report import (
+from tasks.intake import drift_stats
+from tasks.intake.drift_report import (
     CategoricalDrift,
     ClassRate,
     DriftReport,
@@ -43,7 +42,8 @@ from tasks.validate.drift_report import (
     _Column,
     unseen_codes_text,
 )
-from tasks.validate.drift_stats import DriftColumns, ProblemType
+from tasks.intake.drift_stats import DriftColumns, ProblemType
+from tasks.params import DriftGateParams as DriftThresholds  # params.yaml intake.drift_gate
 
 LENGTH_SUFFIX = "_length"
 MISSING_IMAGES = "missing_images"

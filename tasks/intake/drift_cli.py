@@ -2,7 +2,7 @@
 
 The tables are CSVs in the dataset's columns (a leading unnamed index column, as pandas writes it, is
 ignored); the columns are compared by role, as params.yaml's `dataset:` section declares them
-(`DriftColumns.from_schema`), with params.yaml's `download.drift_gate`. The report is printed `passed` first: with --json the report's
+(`DriftColumns.from_schema`), with params.yaml's `intake.drift_gate`. The report is printed `passed` first: with --json the report's
 JSON, else a `passed: true|false` line, the columns that drifted, then the markdown report.
 
 Exit status: 0 passed (a warning included), 1 drifted, 2 bad input (a message on stderr naming the file,
@@ -20,10 +20,10 @@ from pathlib import Path
 import pandas as pd
 
 from fusion_model.dataset import DatasetSchema, LabelSpec, canonical
+from tasks.intake.drift import drift_gate
+from tasks.intake.drift_report import DriftReport, render_drift_markdown
+from tasks.intake.drift_stats import DriftColumns
 from tasks.params import DriftGateParams, ParamsError, load_params
-from tasks.validate.drift import drift_gate
-from tasks.validate.drift_report import DriftReport, render_drift_markdown
-from tasks.validate.drift_stats import DriftColumns
 from tasks.validate.tables import LabelRule
 
 EXIT_PASSED, EXIT_DRIFTED, EXIT_BAD_INPUT = 0, 1, 2
@@ -89,7 +89,7 @@ def read_table(path: Path, columns: DriftColumns, min_rows: int, option: str) ->
         raise DriftInputError(f"{path}: none of the dataset's columns ({', '.join(columns.names)}) is in its header "
                               f"({', '.join(map(str, table.columns[:10]))}); pass a table of this dataset ({option}).")
     if len(table) < min_rows:
-        raise DriftInputError(f"{path}: {len(table)} rows, fewer than download.drift_gate.min_rows={min_rows}: too few "
+        raise DriftInputError(f"{path}: {len(table)} rows, fewer than intake.drift_gate.min_rows={min_rows}: too few "
                               f"to judge drift ({option}); pass a larger table, or lower min_rows in params.yaml.")
     typed = table.copy()
     numeric = [*columns.numeric, *([columns.label] if columns.label and columns.problem_type == "regression" else [])]
@@ -152,7 +152,7 @@ def main(args: argparse.Namespace) -> int:
         if args.problem_type:
             label = schema.label.model_copy(update={"problem_type": args.problem_type, "classes": None})
             schema = schema.model_copy(update={"label": label})
-        report = run(args.reference, args.batch, schema, params.download.drift_gate)
+        report = run(args.reference, args.batch, schema, params.intake.drift_gate)
     except (DriftInputError, ParamsError) as e:
         print(f"error: drift: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

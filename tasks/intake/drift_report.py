@@ -2,7 +2,7 @@
 with its `DriftTest`s) and how it is shown and kept: `render_drift_markdown` (also the Prefect artifact),
 `render_drift_png`, and `write_drift_report` (drift.json / drift.md / drift.png).
 
-How the gate fills it in: tasks/validate/drift.py.
+How the gate fills it in: tasks/intake/drift.py.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from tasks._io.files import write_bytes, write_json, write_text
-from tasks.params import DriftGateParams as DriftThresholds  # params.yaml download.drift_gate
-from tasks.validate import drift_stats
-from tasks.validate.drift_stats import DriftColumns, ProblemType
+from tasks.intake import drift_stats
+from tasks.intake.drift_stats import DriftColumns, ProblemType
+from tasks.params import DriftGateParams as DriftThresholds  # params.yaml intake.drift_gate
 
 Status = Literal["ok", "warn", "fail"]
 _RANK: dict[str, int] = {"ok": 0, "warn": 1, "fail": 2}

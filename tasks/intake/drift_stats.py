@@ -1,4 +1,4 @@
-"""The statistics of the drift gate (`tasks/validate/drift.py`, also behind `python -m tasks drift`): for
+"""The statistics of the drift gate (`tasks/intake/drift.py`, also behind `python -m tasks drift`): for
 each column of a batch against its reference, a two-sample test whose p-value accounts for how many rows
 the batch has, an effect size a person can read, and Holm's correction over every test of one gate run.
 
