@@ -5,7 +5,8 @@
 #
 #   OUT=/some/dir bash scripts/gpu_check.sh
 #
-# ./.whl (Python 3.12 x86-64 wheels), when present, is pip-installed offline into /tmp/site, first on PYTHONPATH.
+# ./.whl (Python 3.12 x86-64 wheels: bash scripts/gpu_wheels.sh), when present, is pip-installed offline
+# into /tmp/site, first on PYTHONPATH.
 # Installs only what is missing: from ./wheelhouse when present (no network needed), else from the
 # package registry with the pinned versions of pyproject.toml. Never touches the GPU's settings.
 set -uo pipefail
