@@ -64,6 +64,30 @@ def gathered_fp32_state(trainer: Any, module: Any) -> dict[str, torch.Tensor] | 
     return state if trainer.is_global_zero else None
 
 
+def parsed_deepspeed(trainer: Any) -> dict[str, Any] | None:
+    """What DeepSpeed itself read from the config the project wrote (its engine's accessors, not our dict):
+    a key DeepSpeed ignored or renamed shows here as its default. None for the other strategies."""
+    engine = getattr(trainer.strategy, "deepspeed_engine", None)
+    if engine is None:
+        return None
+
+    def device(offload: Any) -> str | None:  # an offload block's device ("cpu", "nvme"), None when absent
+        value = getattr(offload, "device", None) if offload is not None else None
+        return str(getattr(value, "value", value)) if value not in (None, "none") else None
+
+    return {
+        "zero_stage": int(engine.zero_optimization_stage()),
+        "offload_optimizer": device(engine.zero_offload_optimizer()),
+        "offload_param": device(engine.zero_offload_param()),
+        "reduce_bucket_size": int(engine.zero_reduce_bucket_size()),
+        "allgather_bucket_size": int(engine.zero_allgather_bucket_size()),
+        "overlap_comm": bool(engine.zero_overlap_comm()),
+        "bf16": bool(engine.bfloat16_enabled()),
+        "fp16": bool(engine.fp16_enabled()),
+        "optimizer": type(engine.optimizer).__name__,
+    }
+
+
 def _best_epoch(history: list[dict[str, float]], monitor: str) -> int | None:
     """The (first) epoch of the best monitored value: the one best.ckpt holds."""
     scored = [h for h in history if monitor in h]
@@ -150,6 +174,7 @@ class FinishRun(pl.Callback):
             "best_checkpoint": Path(self.checkpoint.best_model_path).name if self.checkpoint.best_model_path else None,
             "last_checkpoint": LAST_CHECKPOINT,
             "checkpoint_kind": "deepspeed_zero" if cfg.strategy == "deepspeed" else "lightning",
+            "deepspeed_parsed": parsed_deepspeed(trainer),
             "resumed_from": self.resume_from,
             "fit_wall_s": wall,
             "history": history,

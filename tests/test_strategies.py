@@ -138,6 +138,15 @@ def test_deepspeed_option_trains_converts_to_fp32_and_predicts(option_data: Path
     assert summary.precision == overrides.get("precision", "32-true")
     ran_with = json.loads((ckpt / "train_config.json").read_text())
     assert {k: ran_with[k] for k in overrides} == overrides
+    # what DeepSpeed's engine parsed, not the dict the project wrote: a key it ignored would read as its default
+    parsed = json.loads((ckpt / "train_summary.json").read_text())["deepspeed_parsed"]
+    precision = overrides.get("precision", "32-true")
+    assert parsed["zero_stage"] == stage
+    assert parsed["offload_optimizer"] == ("cpu" if overrides.get("offload_optimizer") else None)
+    assert parsed["offload_param"] == ("cpu" if overrides.get("offload_param") else None)
+    assert parsed["reduce_bucket_size"] == parsed["allgather_bucket_size"] == TrainConfig().zero_bucket_size
+    assert parsed["overlap_comm"] is False  # CPU: no side stream to overlap on
+    assert (parsed["bf16"], parsed["fp16"]) == (precision == "bf16-mixed", precision == "16-mixed")
 
     converted = convert(ConvertParams(checkpoint_dir=ckpt, out_dir=model_dir))  # verified against DeepSpeed's own
     assert converted.converted and converted.kind == "deepspeed_zero" and converted.zero_stage == stage
