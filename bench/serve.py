@@ -21,7 +21,6 @@ stops after --max-seconds. Wall-clock numbers: on a shared machine other process
 from __future__ import annotations
 
 import argparse
-import hashlib
 import itertools
 import math
 import os
@@ -40,6 +39,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from fusion_model.model_watch import sha256_file  # noqa: E402
 from fusion_model.predict import Predictor, read_rows_csv  # noqa: E402
 
 WARMUP = 3
@@ -76,6 +76,16 @@ def json_rows(path: Path, text_columns: list[str]) -> list[dict]:
              for k, v in rec.items()} for rec in df.to_dict(orient="records")]
 
 
+def post_predict(http: httpx.Client, url: str, body: dict) -> tuple[httpx.Response | None, str | None]:
+    """One POST /predict: (the response, None), or (None, why it failed); the body is parsed by the caller
+    that needs it, so the timed scenarios pay no JSON decoding."""
+    try:
+        r = http.post(f"{url}/predict", json=body)
+    except httpx.HTTPError as e:
+        return None, f"{type(e).__name__}: {e}"
+    return (r, None) if r.status_code == 200 else (None, f"{r.status_code}: {r.text[:200]}")
+
+
 def run_scenario(url: str, bodies: list[dict], requests: int, concurrency: int, deadline: float) -> dict:
     """`requests` POSTs of the bodies in turn from `concurrency` threads: latencies (s) and failures."""
     latencies: list[float] = []
@@ -87,16 +97,12 @@ def run_scenario(url: str, bodies: list[dict], requests: int, concurrency: int, 
         with httpx.Client(timeout=120) as http:
             while (n := next(counter)) < requests + WARMUP * concurrency and time.monotonic() < deadline:
                 start = time.perf_counter()
-                try:
-                    r = http.post(f"{url}/predict", json=bodies[n % len(bodies)])
-                    ok, why = r.status_code == 200, f"{r.status_code}: {r.text[:200]}"
-                except httpx.HTTPError as e:
-                    ok, why = False, f"{type(e).__name__}: {e}"
+                _, why = post_predict(http, url, bodies[n % len(bodies)])
                 elapsed = time.perf_counter() - start
                 if n < WARMUP * concurrency:
                     continue  # warm-up: the first requests of a scenario pay for lazy set-up
                 with lock:
-                    if ok:
+                    if why is None:
                         latencies.append(elapsed)
                     else:
                         failures.append(why)
@@ -115,7 +121,7 @@ def registry(models: list[Path], root: Path) -> tuple[Path, list[str]]:
     """A registry of copies of `models` (store/<sha256 of model.safetensors>), `champion` -> the first."""
     shas = []
     for model in models:
-        sha = hashlib.sha256((model / "model.safetensors").read_bytes()).hexdigest()
+        sha = sha256_file(model / "model.safetensors")  # the name the server verifies a store entry by
         shutil.copytree(model, root / "store" / sha)
         shas.append(sha)
     flip(root / "champion", f"store/{shas[0]}")
@@ -142,15 +148,11 @@ def swap_under_load(url: str, link: Path, shas: list[str], bodies: list[dict], c
     def client() -> None:
         with httpx.Client(timeout=120) as http:
             while not stop.is_set() and time.monotonic() < deadline:
-                try:
-                    r = http.post(f"{url}/predict", json=bodies[next(counter) % len(bodies)])
-                except httpx.HTTPError as e:
-                    failures.append(f"{type(e).__name__}: {e}")
-                    continue
-                if r.status_code == 200:
-                    answers.append(r.json()["model"]["sha256"])
+                answer, why = post_predict(http, url, bodies[next(counter) % len(bodies)])
+                if why is None:
+                    answers.append(answer.json()["model"]["sha256"])  # type: ignore[union-attr]
                 else:
-                    failures.append(f"{r.status_code}: {r.text[:200]}")
+                    failures.append(why)
 
     threads = [threading.Thread(target=client) for _ in range(concurrency)]
     start = time.perf_counter()
