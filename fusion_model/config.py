@@ -45,6 +45,18 @@ class LinearPenalties(BaseModel):
     numerical: float | None = Field(None, gt=0)
 
 
+class LoraSettings(BaseModel):
+    """LoRA adapters on the text transformer (peft's LoraConfig keys); its own weights stay frozen."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    r: int = Field(8, ge=1)
+    lora_alpha: float = Field(16, gt=0)
+    lora_dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    # the layers adapted, by name (null: peft's default for the model type, e.g. BERT's query and value)
+    target_modules: list[str] | None = None
+
+
 class WideMember(BaseModel):
     """One member of the network's portfolio: how its wide text and code logits learn. Every member shares
     the encoders and the TabM body; each has its own heads and wide tables, and validation mixes them."""
@@ -94,6 +106,13 @@ class TrainConfig(BaseModel):
     text_min_df: int = Field(2, ge=1)
     text_chars: int = Field(4, ge=0, le=6)  # and character 1..text_chars-grams within each word (0: none)
     text_max_features: int = Field(2048, ge=1)  # distinct n-grams kept per row
+    # a Hugging Face text transformer from a local folder (config.json, weights, tokenizer files), read
+    # offline and strictly, its pooled output fused as the image's is (null: the n-gram logit alone)
+    text_model: Path | None = None
+    text_max_tokens: int = Field(128, ge=4)  # tokens per row (the text columns joined), cut and padded
+    text_pooling: Literal["cls", "mean"] = "cls"
+    text_lora: LoraSettings | None = None  # LoRA adapters trained on the frozen transformer (peft)
+    freeze: list[Literal["image", "text"]] = []  # backbones kept as loaded: no gradients, eval mode
     # tabular: an embedding per code and each number's piecewise-linear embedding over bins a decision tree
     # fitted to the training labels finds (at most numeric_bins, each >= bin_min_rows rows), and a linear
     # logit per code beside the deep path
@@ -245,6 +264,20 @@ class TrainConfig(BaseModel):
             raise ValueError("train.offload_param needs ZeRO-3: stage 2 keeps every parameter whole on each rank, so "
                              "there is nothing to offload; set train.zero_stage to 3 or offload_param to false "
                              "(offload_optimizer works on both stages)")
+        return self
+
+    @model_validator(mode="after")
+    def _text_model_options(self) -> TrainConfig:
+        if self.text_model is None and (self.text_lora is not None or "text" in self.freeze):
+            key = "text_lora" if self.text_lora is not None else "freeze: [text]"
+            raise ValueError(f"train.{key} needs a text transformer; set train.text_model to a local Hugging Face "
+                             "folder or remove the key")
+        if self.text_lora is not None and "text" in self.freeze:
+            raise ValueError("train.text_lora already freezes the text transformer's own weights and trains its "
+                             "adapters; remove text from train.freeze (or text_lora to freeze it whole)")
+        if "image" in self.freeze and self.pretrained in (False, None):
+            raise ValueError("train.freeze: [image] would keep a randomly initialised image backbone; set "
+                             "train.pretrained to a local weights file, or remove image from train.freeze")
         return self
 
     @model_validator(mode="after")

@@ -45,6 +45,7 @@ class FusionDataset(Dataset):
         self.categorical = pre.categorical(df)
         self.numeric = pre.numeric(df, in_train=train)
         self.text_ids, self.text_counts = pre.text(df)
+        self.tokens = pre.tokens(df)  # a text transformer's (ids, attention mask), or None
         self.labels = torch.from_numpy(np.asarray(labels)) if labels is not None else None
         self._images: dict[int, torch.Tensor] = {}
 
@@ -74,6 +75,8 @@ class FusionDataset(Dataset):
             "text_ids": self.text_ids[i],
             "text_counts": self.text_counts[i],
         }
+        if self.tokens is not None:
+            item["text_tokens"], item["text_attention"] = self.tokens[0][i], self.tokens[1][i]
         if self.labels is not None:
             item["label"] = self.labels[i]
         return item

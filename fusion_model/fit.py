@@ -51,6 +51,7 @@ from fusion_model.processes import die_with_parent
 from fusion_model.safe_load import check_checkpoint
 from fusion_model.strategies import build_strategy
 from fusion_model.summary import FinishRun
+from fusion_model.text_encoder import read_tokenizer, text_model_entry
 from fusion_model.wide_fit import fit_linear_member
 
 quiet.install()  # at import, so every rank (ddp_spawn's re-import it) drops the known third-party noise
@@ -112,6 +113,10 @@ def model_kwargs(cfg: TrainConfig, pre: Preprocessor, num_classes: int, modaliti
         "member_category_scale": [m.category_lr_multiplier for m in cfg.members],
         "linear_member": cfg.linear_member,
         "linear_only_codes": len(pre.frequency_codes) if cfg.linear_member else 0,
+        "text_model": text_model_entry(cfg.text_model, cfg.text_pooling, cfg.text_lora)
+        if cfg.text_model and "text" in modalities else None,
+        "text_weights": str(cfg.text_model) if cfg.text_model else None,  # read at training only, as pretrained
+        "freeze": list(cfg.freeze),
     }
 
 
@@ -144,6 +149,8 @@ def build_module(cfg: TrainConfig, data: ValidatedData, modalities: list[str] | 
                            text_max_features=cfg.text_max_features, numeric_bins=cfg.numeric_bins,
                            numeric_codes_max=cfg.numeric_codes_max, bin_min_rows=cfg.bin_min_rows,
                            frequency_codes=cfg.frequency_codes, text_chars=cfg.text_chars,
+                           text_tokenizer=read_tokenizer(cfg.text_model) if cfg.text_model else None,
+                           text_max_tokens=cfg.text_max_tokens,
                            labels=train_labels if cfg.fusion == "tabm" else None,
                            ordered_labels=problem_type in ("ordinal", "regression"),
                            id_as_number=cfg.id_as_number,

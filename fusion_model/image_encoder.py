@@ -13,10 +13,13 @@ def dtype_of(module: nn.Module) -> torch.dtype:
 
 
 class ImageEncoder(nn.Module):
-    """A timm backbone without its classifier; ``out_dim`` is measured, not read from an attribute."""
+    """A timm backbone without its classifier; ``out_dim`` is measured, not read from an attribute.
+    `frozen`: no gradients, and eval mode throughout (its batch-norm statistics stay those it was given)."""
 
-    def __init__(self, name: str, pretrained: bool | str | Path = False, image_size: int = 64) -> None:
+    def __init__(self, name: str, pretrained: bool | str | Path = False, image_size: int = 64,
+                 frozen: bool = False) -> None:
         super().__init__()
+        self.frozen = frozen
         import timm  # imported here: timm pulls torchvision, which only the image path needs
 
         try:
@@ -41,6 +44,9 @@ class ImageEncoder(nn.Module):
         with torch.no_grad():
             self.out_dim = int(self.backbone(torch.zeros(2, 3, image_size, image_size)).shape[-1])
         self.backbone.train(was_training)
+        if frozen:
+            self.backbone.requires_grad_(False)
+            self.backbone.eval()
 
     def _load_local_weights(self, path: Path) -> None:
         """Load a local weights file strictly: every key of the backbone present with its shape, none more.
@@ -81,6 +87,12 @@ class ImageEncoder(nn.Module):
                              f"{type(self.backbone).__name__} ({'; '.join(p for p in parts if p)}); save the "
                              "weights of the same timm model (timm.create_model(name).state_dict())")
         self.backbone.load_state_dict(state, strict=True)
+
+    def train(self, mode: bool = True) -> ImageEncoder:
+        super().train(mode)
+        if self.frozen:
+            self.backbone.eval()
+        return self
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         # channels-last input: oneDNN's convolutions, pooling and batch norm then run in NHWC, ~20 % less

@@ -5,8 +5,10 @@ per-modality adapters, the concatenation and an MLP to the head; the text, whose
 lexical, and the categorical codes also add linear logits straight to the head (fusion_model/wide.py).
 The head's meaning follows the problem type (fusion_model/heads.py): class logits, an ordinal score
 through a cumulative link, or a standardised regression value.
+A Hugging Face text transformer (fusion_model/text_encoder.py), when configured, is one more deep encoder
+with its adapter, beside the n-gram logit.
 ``forward`` takes a dict of tensors (``image``, ``image_mask``, ``categorical``, ``numeric``,
-``text_ids``, ``text_counts``) and an optional set of modalities to mask: everything a masked modality
+``text_ids``, ``text_counts``; ``text_tokens``, ``text_attention`` with a transformer) and an optional set of modalities to mask: everything a masked modality
 contributes is zeroed, which evaluation uses for its ablation. Every input is cast to the dtype of the
 weights that consume it, so fp16/bf16 weights accept fp32 batches.
 """
@@ -14,6 +16,7 @@ weights that consume it, so fp16/bf16 weights accept fp32 batches.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -69,6 +72,9 @@ class FusionModel(nn.Module):
         member_category_scale: Sequence[float] = (1.0,),
         linear_member: bool = False,
         linear_only_codes: int = 0,
+        text_model: dict[str, Any] | None = None,
+        text_weights: str | None = None,
+        freeze: Sequence[str] = (),
     ) -> None:
         super().__init__()
         if activation not in _ACTIVATIONS:
@@ -127,7 +133,8 @@ class FusionModel(nn.Module):
         # alone, whose penalised one-hot shrinks each value's effect; an embedding per value overfits them
         deep_codes = list(cat_cardinalities)[: len(cat_cardinalities) - linear_only_codes]
         if "image" in self.modalities:
-            encoders["image"] = self.image = ImageEncoder(image_model, pretrained, image_size)
+            encoders["image"] = self.image = ImageEncoder(image_model, pretrained, image_size,
+                                                          frozen="image" in freeze)
         self.category_logit: CategoryLogit | None = None
         if "tabular" in self.modalities:
             encoders["tabular"] = self.tabular = TabularEncoder(
@@ -138,6 +145,12 @@ class FusionModel(nn.Module):
             # word grams weigh as one block per length, character grams as one more
             self.text = TextLogit(text_buckets, text_vocab_size, width * members,
                                   max_order=text_ngrams + (1 if text_chars else 0), chars=bool(text_chars))
+            if text_model is not None:  # a transformer beside the n-gram logit, fused as the image is
+                from fusion_model.text_encoder import TextEncoder
+
+                encoders["text"] = self.text_encoder = TextEncoder(
+                    text_model["config"], text_model.get("pooling", "cls"), text_weights, text_model.get("lora"),
+                    frozen="text" in freeze)
         # the image goes through an adapter to a common width; under tabm the tabular features enter the
         # ensemble as they are (its first layer is their adapter)
         self.adapters = nn.ModuleDict({
@@ -182,7 +195,8 @@ class FusionModel(nn.Module):
     def encode(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The deep modalities' features (the encoders' outputs, before the adapters)."""
         inputs = {"image": lambda: self.image(batch["image"]),
-                  "tabular": lambda: self.tabular(batch["categorical"], batch["numeric"])}
+                  "tabular": lambda: self.tabular(batch["categorical"], batch["numeric"]),
+                  "text": lambda: self.text_encoder(batch["text_tokens"], batch["text_attention"])}
         return {name: inputs[name]() for name in self.adapters}
 
     def head_outputs(self, batch: dict[str, torch.Tensor], mask: Iterable[str] = ()) -> torch.Tensor:

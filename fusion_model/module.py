@@ -150,6 +150,8 @@ class FusionModule(pl.LightningModule):
         # JIT build, unlike DeepSpeed's CPU/Fused Adam (~160 s to compile).
         decay, no_decay = [], []
         for name, p in self.model.named_parameters():
+            if not p.requires_grad:  # a frozen backbone (train.freeze) or the weights under LoRA adapters
+                continue
             if p.ndim <= 1 or name.startswith(("text.", "category_logit.")) or isinstance(
                     self.model.get_submodule(name.rsplit(".", 1)[0]), torch.nn.Embedding | torch.nn.EmbeddingBag):
                 # biases, norms, embeddings, the ordinal thresholds, and the wide logits (their members'

@@ -44,6 +44,7 @@ def build_model(config: dict[str, Any]) -> FusionModel:
         raise PredictError("model config has no 'model' section; use the model_config.json the train stage wrote") from None
     # the trained weights replace whatever the backbone was initialised from: never reload a weights file
     kwargs["pretrained"] = False
+    kwargs["text_weights"] = None  # the text transformer's too: it is built from its saved config
     return FusionModel(**kwargs)
 
 

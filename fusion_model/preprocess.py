@@ -119,6 +119,10 @@ class Preprocessor:
     text_ngrams: int = 3
     text_chars: int = 0  # character grams of 1..text_chars within each word (0: none)
     text_max_features: int = 1024  # distinct n-grams kept per row (the first ones)
+    # a text transformer's tokenizer (`tokenizers` JSON), its padding id and length, with train.text_model
+    text_tokenizer: str = ""
+    text_pad_id: int = 0
+    text_max_tokens: int = 0
     image_size: int = 64
     image_index: int = 0
     # "values": numeric() gives the standardised values and the model embeds them over `numeric_bins`
@@ -137,7 +141,8 @@ class Preprocessor:
         text_ngrams: int = 3, text_min_df: int = 2, text_max_features: int = 1024, numeric_bins: int = 16,
         numeric_codes_max: int = 0, labels: np.ndarray | None = None, ordered_labels: bool = False,
         bin_min_rows: int = 8, id_as_number: bool = False, numeric_output: str = "encodings",
-        frequency_codes: bool = False, text_chars: int = 0,
+        frequency_codes: bool = False, text_chars: int = 0, text_tokenizer: tuple[str, int] | None = None,
+        text_max_tokens: int = 128,
     ) -> Preprocessor:
         """Statistics from the training split only (never val/test: that would leak). A numerical column with
         at most `numeric_codes_max` distinct training values (a year, a count of a few kinds) also enters as
@@ -147,7 +152,8 @@ class Preprocessor:
         labels (rtdl_num_embeddings.compute_bins: at most `numeric_bins` leaves of >= `bin_min_rows` rows;
         a regression tree when `ordered_labels`), so bins are narrow where the label changes; without, its
         quantiles. `id_as_number`: a row key whose training values are all integers also enters as a number
-        (catalogue numbers and listing ids often follow time, as a tree learner finds)."""
+        (catalogue numbers and listing ids often follow time, as a tree learner finds). `text_tokenizer`: a
+        text transformer's (tokenizer JSON, padding id), kept to tokenize rows into `text_max_tokens`."""
         columns = schema.columns
         missing = [c for c in (*columns.numerical, *columns.categorical, *columns.text) if c not in train.columns]
         if missing:
@@ -179,6 +185,9 @@ class Preprocessor:
             text_max_features=text_max_features,
             image_size=image_size, image_index=image_index, numeric_output=numeric_output,
         )
+        if text_tokenizer is not None and pre.text_columns:
+            pre.text_tokenizer, pre.text_pad_id = text_tokenizer
+            pre.text_max_tokens = text_max_tokens
         values = pre._numeric_values(train, in_train=True)
         pre.numeric_log = [bool(np.nanmin(values[:, j], initial=0.0) >= 0) for j in range(values.shape[1])]
         raw = pre._logged(values)
@@ -313,6 +322,15 @@ class Preprocessor:
         while len(memo) > 4:
             memo.pop(next(iter(memo)))
         return out
+
+    def tokens(self, df: pd.DataFrame) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The text transformer's token ids and attention mask [rows, text_max_tokens] of the joined text
+        columns; None without a text model."""
+        if not self.text_tokenizer:
+            return None
+        from fusion_model.text_encoder import tokenize
+
+        return tokenize(self._joined(df).tolist(), self.text_tokenizer, self.text_max_tokens, self.text_pad_id)
 
     def _text(self, df: pd.DataFrame) -> tuple[torch.Tensor, torch.Tensor]:
         rows = []

@@ -36,6 +36,8 @@ WARNINGS: list[tuple[str, type[Warning], str]] = [
     # Lightning's all_gather (metric sync across ranks) calls torch's deprecated autograd all_gather
     (r"torch\.distributed\.nn\.functional\.all_gather is deprecated", FutureWarning,
      r"lightning\.fabric\.utilities\.distributed"),
+    # peft asks transformers' deprecated is_gradient_checkpointing when it wraps the text model (train.text_lora)
+    (r"`is_gradient_checkpointing` is deprecated", FutureWarning, r"transformers\.modeling_utils"),
 ]
 
 # Lightning's rank_zero_info goes to whichever of these modules imported last sets as its logger
