@@ -31,7 +31,7 @@ from tasks.params import Params, ParamsError, load_params
 # The stages that read the table itself also take the declared dataset (params.yaml `dataset:`); the later
 # ones read it from the validated folder's meta.json.
 DATASET_STAGES = frozenset({"download", "intake", "validate"})
-# Sections a stage reads beside its own, passed after it: the intake joins into the download stage's data
+# Sections a stage reads beside its own, passed after it: the intake builds on the download stage's data
 # (download.out_dir), and its embedded feed is the download's generator (download.synthetic).
 BESIDE: dict[str, tuple[str, ...]] = {"intake": ("download",)}
 STAGES: dict[str, tuple[str, str]] = {

@@ -161,21 +161,24 @@ class DownloadParams(_Section):
 
 
 class IntakeParams(_Section):
-    """Arriving batches (tasks/intake): where they come from, the gate they pass before they join the download
-    stage's data (download.out_dir), the share of each held out (scored beside the frozen test set), where
+    """Arriving batches (tasks/intake): where they come from, the gate they pass before they join the
+    accumulated data (out_dir: the download stage's data, download.out_dir, which the intake only reads,
+    plus every batch taken in), the share of each held out (scored beside the frozen test set), where
     they land and where a refused one goes. The embedded feed's batch and generator settings stay
     download.synthetic's: the same generator makes the base."""
 
     feed: FeedParams = FeedParams()
     drift_gate: DriftGateParams = DriftGateParams()
     holdout_fraction: float = Field(0.2, gt=0, lt=1, description="share of each batch held out for scoring")
+    out_dir: Path = Field(Path("data/accumulated"), description="the accumulated data: dataset/ (the download's "
+                          "plus every batch taken in) and manifest.json; validate.dataset_dir is its dataset/")
     incoming_dir: Path = Field(Path("data/incoming"), description="landing area: incoming/batch-<N>/")
     quarantine_dir: Path = Field(Path("data/quarantine"), description="refused batches, each with its report")
     report_dir: Path = Field(Path("reports"), description="drift.json, drift.md, drift.png of the latest batch")
 
 
 class ValidateParams(_Section):
-    dataset_dir: Path = Path("data/raw/dataset")
+    dataset_dir: Path = Path("data/accumulated/dataset")
     out_dir: Path = Path("data/validated")
     report_dir: Path = Path("reports")
     val_fraction: float = Field(0.2, gt=0, lt=1)

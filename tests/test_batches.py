@@ -36,8 +36,9 @@ def _download(root: Path, batch: int, drift: str | list[str] = "none") -> Downlo
 
 
 def _intake(root: Path) -> IntakeParams:
-    return IntakeParams(incoming_dir=root / "data/incoming", quarantine_dir=root / "data/quarantine",
-                        report_dir=root / "reports", feed=FeedParams(ledger=root / "data/intake/batches.json"))
+    return IntakeParams(out_dir=root / "data/accumulated", incoming_dir=root / "data/incoming",
+                        quarantine_dir=root / "data/quarantine", report_dir=root / "reports",
+                        feed=FeedParams(ledger=root / "data/intake/batches.json"))
 
 
 def _take(root: Path, batch: int, drift: str | list[str] = "none"):  # noqa: ANN202
@@ -62,14 +63,14 @@ def accumulated(tmp_path_factory: pytest.TempPathFactory) -> dict:
     trees = {}
     for batch in (0, 1, 2, 3):
         summary = _take(root, batch)
-        trees[batch] = _tree(root / "data/raw")
+        trees[batch] = _tree(root / "data/accumulated")
         assert summary.batches_taken_in == list(range(1, batch + 1))
     return {"root": root, "trees": trees}
 
 
 def test_each_batch_joins_the_accumulated_data(accumulated: dict) -> None:
     root = accumulated["root"]
-    dataset = root / "data/raw" / DATASET_DIRNAME
+    dataset = root / "data/accumulated" / DATASET_DIRNAME
     train = pd.read_csv(dataset / "train.csv", index_col=0)
     held = int(round(BATCH_ROWS * 0.2))
     assert len(train) == 1500 + 3 * (BATCH_ROWS - held)
@@ -78,7 +79,7 @@ def test_each_batch_joins_the_accumulated_data(accumulated: dict) -> None:
     assert len(pd.read_csv(dataset / "test.csv", index_col=0)) == 300  # the frozen test set never changes
     # fresh row ids after the accumulated data's (the base: 0..1799), never the batch file's own
     assert train.index.is_unique and train.index[-(BATCH_ROWS - held):].min() >= 1800
-    manifest = json.loads((root / "data/raw/manifest.json").read_text())
+    manifest = json.loads((root / "data/accumulated/manifest.json").read_text())
     assert [b["batch"] for b in manifest["batches"]] == [1, 2, 3]
     ledger = read_ledger(root / "data/intake/batches.json")
     assert [(b.batch, b.status) for b in ledger.batches] == [(1, "taken"), (2, "taken"), (3, "taken")]
@@ -95,24 +96,24 @@ def test_each_batch_joins_the_accumulated_data(accumulated: dict) -> None:
 def test_a_batch_taken_in_twice_and_a_plain_run_change_nothing(accumulated: dict, tmp_path: Path) -> None:
     root = tmp_path / "copy"
     shutil.copytree(accumulated["root"], root)
-    before = _tree(root / "data/raw")
+    before = _tree(root / "data/accumulated")
     assert _take(root, 2).already == ["batch-0002: batch 2, taken"]
     _take(root, 0)  # the base of the same params: the accumulated data is kept, not rebuilt
-    assert _tree(root / "data/raw") == before
+    assert _tree(root / "data/accumulated") == before
     assert last_batch_seen(_intake(root)) == 3
 
 
 def test_a_drifted_batch_stops_before_training_and_is_quarantined(accumulated: dict, tmp_path: Path) -> None:
     root = tmp_path / "copy"
     shutil.copytree(accumulated["root"], root)
-    before = _tree(root / "data/raw")
+    before = _tree(root / "data/accumulated")
     with pytest.raises(DriftGateError) as err:
         _take(root, 4, drift=["numeric", "codes"])
     report = _drift(root)
     assert report["passed"] is False and report["batch"] == 4
     assert "Age" in report["drifted"] and {"FurLength", "MaturitySize"} <= set(report["drifted"])
     assert "Age" in str(err.value) and "quarantined" in str(err.value)
-    assert _tree(root / "data/raw") == before  # the accumulated data is untouched
+    assert _tree(root / "data/accumulated") == before  # the accumulated data is untouched
     quarantined = root / "data/quarantine/batch-0004"
     assert (quarantined / "train.csv").is_file() and json.loads((quarantined / "drift.json").read_text())["drifted"]
     assert not (root / "data/incoming/batch-0004").exists()
@@ -125,19 +126,19 @@ def test_a_drifted_batch_stops_before_training_and_is_quarantined(accumulated: d
 
     record = readmit(_intake(root), _download(root, 0), resolve_schema({"preset": "petfinder"}), 4)
     assert record.status == "readmitted" and any(o.startswith("drift") and "Age" in o for o in record.overrides)
-    manifest = json.loads((root / "data/raw/manifest.json").read_text())
+    manifest = json.loads((root / "data/accumulated/manifest.json").read_text())
     assert manifest["batches"][-1]["batch"] == 4 and manifest["batches"][-1]["overrides"] == record.overrides
-    assert not quarantined.exists() and (root / "data/raw/dataset/holdout/batch-0004.csv").is_file()
+    assert not quarantined.exists() and (root / "data/accumulated/dataset/holdout/batch-0004.csv").is_file()
 
 
 def test_a_batch_with_broken_photos_is_refused_by_validation(accumulated: dict, tmp_path: Path) -> None:
     root = tmp_path / "copy"
     shutil.copytree(accumulated["root"], root)
-    before = _tree(root / "data/raw")
+    before = _tree(root / "data/accumulated")
     with pytest.raises(ValidationError, match=r"batch 5 \(batch-0005\) is refused and quarantined") as err:
         _take(root, 5, drift="photos")
     assert "image files decode" in str(err.value)
-    assert _tree(root / "data/raw") == before
+    assert _tree(root / "data/accumulated") == before
     quarantined = root / "data/quarantine/batch-0005"
     assert "FAILED" in (quarantined / "validation.md").read_text()
 
@@ -145,7 +146,7 @@ def test_a_batch_with_broken_photos_is_refused_by_validation(accumulated: dict, 
 def test_validate_writes_the_newest_holdout_beside_the_frozen_test_set(accumulated: dict, tmp_path: Path) -> None:
     root = accumulated["root"]
     out = tmp_path / "validated"
-    summary = validate(ValidateParams(dataset_dir=root / "data/raw" / DATASET_DIRNAME, out_dir=out,
+    summary = validate(ValidateParams(dataset_dir=root / "data/accumulated" / DATASET_DIRNAME, out_dir=out,
                                       report_dir=tmp_path / "reports", workers=1))
     held = int(round(BATCH_ROWS * 0.2))
     assert summary.rows["holdout"] == held and summary.rows["test"] == 300

@@ -40,7 +40,7 @@ DATA_PACKAGES = {"fusion_model/presets/petfinder_codes"}
 # dataset's declaration (the later ones read it from the validated folder, a dep).
 # The download stage tracks only the keys that make the base dataset (which batch arrived is the intake
 # ledger's record, not configuration); the intake stage its own section (the feed, the gate, its folders)
-# and the download keys it reads: the folder it joins into and the generator's, never the batch's choice.
+# and the download keys it reads: the folder it builds on and the generator's, never the batch's choice.
 STAGE_PARAMS = {
     "download": ["dataset", "download.source", "download.url", "download.sha256", "download.out_dir",
                  "download.synthetic.n_train", "download.synthetic.n_test", "download.synthetic.image_size",
@@ -49,8 +49,8 @@ STAGE_PARAMS = {
     "validate": ["dataset", "validate"],
 }
 # Another stage's package a stage runs: an arriving batch is validated with the validate stage's checks inside
-# intake (the drift gate is intake's own), and joined into the download stage's dataset (its manifest, the
-# embedded generator's batches).
+# intake (the drift gate is intake's own), and the intake's folder is built on the download stage's dataset
+# (read through its manifest module; the embedded generator's batches).
 SHARED_PACKAGES = {"intake": {"tasks/validate", "tasks/download"}}
 
 
@@ -214,7 +214,7 @@ def test_push_then_pull_restores_the_model_byte_identical(project: dict) -> None
     shutil.rmtree(root / ".dvc-remote", ignore_errors=True)  # a flow run may have pushed already
     assert "pushed" in dvc(root, "push").stdout
     assert any((root / ".dvc-remote").rglob("*")), "nothing reached the default remote"
-    for out in ("data/raw", "data/validated", "data/checkpoints", "data/model", ".dvc/cache"):
+    for out in ("data/raw", "data/accumulated", "data/validated", "data/checkpoints", "data/model", ".dvc/cache"):
         shutil.rmtree(root / out)  # the local cache too: the files must come from the remote
     dvc(root, "pull")
     assert sha256(root / MODEL) == project["model_sha"]

@@ -21,12 +21,22 @@ from fusion_model.dataset import split_images
 from fusion_model.presets.petfinder import IMAGES, PET_ID
 from tasks.__main__ import main
 from tasks.download import download
+from tasks.download.manifest import DATASET_DIRNAME
 from tasks.download.synthetic.generator import generate_batch
 from tasks.errors import StageError
 from tasks.intake import intake
 from tasks.intake.join import JoinRefused
 from tasks.intake.ledger import read_ledger
-from tasks.params import DownloadParams, FeedParams, IntakeParams, ParamsError, SyntheticParams, load_params
+from tasks.params import (
+    DownloadParams,
+    FeedParams,
+    IntakeParams,
+    ParamsError,
+    SyntheticParams,
+    ValidateParams,
+    load_params,
+)
+from tasks.validate import validate
 
 ROOT = Path(__file__).resolve().parents[1]
 N_TRAIN, N_TEST, DROP_ROWS = 400, 100, 80
@@ -34,7 +44,8 @@ N_TRAIN, N_TEST, DROP_ROWS = 400, 100, 80
 
 def _params(root: Path, on_duplicate: str = "refuse") -> IntakeParams:
     return IntakeParams(
-        incoming_dir=root / "data/incoming", quarantine_dir=root / "data/quarantine", report_dir=root / "reports",
+        out_dir=root / "data/accumulated", incoming_dir=root / "data/incoming", quarantine_dir=root / "data/quarantine",
+        report_dir=root / "reports",
         feed=FeedParams(kind="folder", path=root / "feed", ledger=root / "data/intake/batches.json",
                         on_duplicate=on_duplicate),
     )
@@ -74,10 +85,13 @@ def _drop(folder: Path, table: pd.DataFrame, *images_from: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """The base dataset, and three batches of new rows of the same population (tables + images)."""
+    """The base dataset (downloaded, and the intake's accumulated data built on it from an empty feed), and
+    three batches of new rows of the same population (tables + images)."""
     root = tmp_path_factory.mktemp("intake")
     d = _download(root)
     download(d)
+    (root / "feed").mkdir()
+    assert intake(_params(root), d).taken == []
     rows = {}
     for n in (1, 2, 3):
         generate_batch(root / f"generated/{n}", d.synthetic, n)
@@ -96,7 +110,48 @@ def project(base: dict, tmp_path: Path) -> dict:
 
 
 def _train(root: Path) -> pd.DataFrame:
-    return pd.read_csv(root / "data/raw/dataset/train.csv", index_col=0, dtype=str, keep_default_na=False)
+    return pd.read_csv(root / "data/accumulated/dataset/train.csv", index_col=0, dtype=str, keep_default_na=False)
+
+
+def test_intake_leaves_the_download_output_as_download_wrote_it_and_validate_reads_the_batch(
+        project: dict, tmp_path: Path) -> None:
+    """Each stage writes only its own outputs. Before: intake appended each batch to download's
+    data/raw/manifest.json and joined its rows into download's folder; now they join the intake's own
+    folder (intake.out_dir), the one validate reads by default."""
+    root, p, d = project["root"], project["p"], project["d"]
+    written = (root / "data/raw/manifest.json").read_bytes()
+    raw = _tree(root / "data/raw")
+    _drop(root / "feed/2026-12-03", project["rows"][1], project["generated"] / "1")
+    assert intake(p, d).taken == [1]
+    assert (root / "data/raw/manifest.json").read_bytes() == written
+    assert _tree(root / "data/raw") == raw
+    accumulated = json.loads((p.out_dir / "manifest.json").read_text())
+    assert [b["batch"] for b in accumulated["batches"]] == [1]
+    assert accumulated["base"]["sha256"] == json.loads(written)["sha256"]
+    # the batch's rows reach validate (by default it reads the intake's folder) and so training
+    assert ValidateParams().dataset_dir == IntakeParams().out_dir / DATASET_DIRNAME
+    validate(ValidateParams(dataset_dir=p.out_dir / DATASET_DIRNAME, out_dir=tmp_path / "validated",
+                            report_dir=tmp_path / "reports", workers=1))
+    ids = set(project["rows"][1][PET_ID])
+    fit = pd.concat([pd.read_parquet(tmp_path / f"validated/{split}.parquet") for split in ("train", "val")])
+    held = round(DROP_ROWS * 0.2)
+    assert len(ids & set(fit[PET_ID].astype(str))) == DROP_ROWS - held
+    assert set(pd.read_parquet(tmp_path / "validated/holdout.parquet")[PET_ID].astype(str)) <= ids
+
+
+def test_a_changed_download_rebuilds_the_accumulated_data_and_takes_the_batches_in_again(project: dict) -> None:
+    """The base changed (another download): the intake's folder is built again on it, and the batches the
+    ledger took in, still in the feed, join it again."""
+    root, p, d = project["root"], project["p"], project["d"]
+    _drop(root / "feed/drop-r", project["rows"][1], project["generated"] / "1")
+    assert intake(p, d).taken == [1]
+    changed = d.model_copy(update={"synthetic": d.synthetic.model_copy(update={"n_train": N_TRAIN + 20})})
+    download(changed)
+    assert intake(p, changed).taken == [1]
+    manifest = json.loads((p.out_dir / "manifest.json").read_text())
+    assert manifest["base"]["sha256"] == json.loads((root / "data/raw/manifest.json").read_text())["sha256"]
+    assert [b["batch"] for b in manifest["batches"]] == [1]
+    assert len(_train(root)) == N_TRAIN + 20 + DROP_ROWS - round(DROP_ROWS * 0.2)
 
 
 @pytest.mark.slow
@@ -115,28 +170,28 @@ def test_a_fresh_index_batch_gets_new_row_ids_and_the_same_drop_again_is_a_no_op
     # taken in (a drift warning on a small batch lets it join and says so)
     assert [(b.batch, b.name) for b in ledger.batches] == [(1, "2026-12-01")]
     assert ledger.batches[0].status in ("taken", "warned")
-    manifest = json.loads((root / "data/raw/manifest.json").read_text())
+    manifest = json.loads((root / "data/accumulated/manifest.json").read_text())
     assert [(b["batch"], b["sha256"]) for b in manifest["batches"]] == [(1, ledger.batches[0].sha256)]
 
-    before = _tree(root / "data/raw")
+    before = _tree(root / "data/accumulated")
     again = intake(p, d)  # the same drop, and the same content under another name: nothing new
     shutil.copytree(root / "feed/2026-12-01", root / "feed/2026-12-01-resent")
     resent = intake(p, d)
     assert again.taken == [] and resent.taken == [] and len(resent.already) == 2
-    assert _tree(root / "data/raw") == before
+    assert _tree(root / "data/accumulated") == before
 
 
 def test_a_changed_drop_under_a_used_name_is_refused_naming_it(project: dict) -> None:
     root, p, d = project["root"], project["p"], project["d"]
     drop = _drop(root / "feed/drop-a", project["rows"][1], project["generated"] / "1")
     intake(p, d)
-    before = _tree(root / "data/raw")
+    before = _tree(root / "data/accumulated")
     changed = pd.read_csv(drop / "train.csv", index_col=0, dtype=str, keep_default_na=False)
     changed.loc[0, "Age"] = "7"
     changed.to_csv(drop / "train.csv")
     with pytest.raises(StageError, match=r"feed drop 'drop-a' .* has changed since it was seen as batch 1"):
         intake(p, d)
-    assert _tree(root / "data/raw") == before
+    assert _tree(root / "data/accumulated") == before
 
 
 def test_duplicate_ids_are_refused_naming_them_and_quarantined_with_the_reason(project: dict) -> None:
@@ -144,13 +199,13 @@ def test_duplicate_ids_are_refused_naming_them_and_quarantined_with_the_reason(p
     taken = _train(root).iloc[:3]  # three rows the data already holds (their photos too)
     table = pd.concat([project["rows"][2], taken], ignore_index=True)
     _drop(root / "feed/drop-b", table, root / "data/raw/dataset", project["generated"] / "2")
-    before = _tree(root / "data/raw")
+    before = _tree(root / "data/accumulated")
     with pytest.raises(JoinRefused) as err:
         intake(p, d)
     message = str(err.value)
     assert "3 id(s) of column 'PetID' are already in the accumulated data" in message
     assert f"{taken[PET_ID].iloc[0]} (row {DROP_ROWS + 1})" in message and "on_duplicate: update" in message
-    assert _tree(root / "data/raw") == before  # byte for byte
+    assert _tree(root / "data/accumulated") == before  # byte for byte
     quarantined = root / "data/quarantine/batch-0001"
     assert (quarantined / "train.csv").is_file() and "join:" in (quarantined / "reason.txt").read_text()
     [record] = read_ledger(p.feed.ledger).batches
@@ -162,10 +217,10 @@ def test_ids_repeated_inside_a_batch_are_refused(project: dict) -> None:
     rows = project["rows"][2]
     table = pd.concat([rows, rows.iloc[[5]]], ignore_index=True)
     _drop(root / "feed/drop-c", table, project["generated"] / "2")
-    before = _tree(root / "data/raw")
+    before = _tree(root / "data/accumulated")
     with pytest.raises(StageError, match=rf"'PetID': expected PetID unique .*PetID='{rows[PET_ID].iloc[5]}'"):
         intake(p, d)  # the batch's own validation names them first (the join checks again)
-    assert _tree(root / "data/raw") == before
+    assert _tree(root / "data/accumulated") == before
 
 
 def test_with_on_duplicate_update_the_newer_row_replaces_the_older_and_is_recorded(project: dict) -> None:
@@ -180,11 +235,11 @@ def test_with_on_duplicate_update_the_newer_row_replaces_the_older_and_is_record
     [record] = read_ledger(p.feed.ledger).batches
     assert record.replaced == sorted(older[PET_ID])
     train = _train(root)
-    holdout = pd.read_csv(root / "data/raw/dataset/holdout/batch-0001.csv", index_col=0, dtype=str)
+    holdout = pd.read_csv(root / "data/accumulated/dataset/holdout/batch-0001.csv", index_col=0, dtype=str)
     both = pd.concat([train, holdout])
     assert both[PET_ID].is_unique  # one row per id: the newer
     assert sorted(both.set_index(PET_ID).loc[older[PET_ID], "Age"]) == ["98", "99"]
-    manifest = json.loads((root / "data/raw/manifest.json").read_text())
+    manifest = json.loads((root / "data/accumulated/manifest.json").read_text())
     assert manifest["batches"][0]["replaced"] == sorted(older[PET_ID])
 
 
@@ -198,11 +253,11 @@ def test_an_image_name_clash_is_refused_by_name(project: dict) -> None:
     rows.loc[rows.index[0], IMAGES] = rows[IMAGES].iloc[0].replace(mine, existing)
     rows.reset_index(drop=True).to_csv(drop / "train.csv")
     shutil.copyfile(drop / mine, drop / existing)  # other bytes under a name the data already has
-    before = _tree(root / "data/raw")
+    before = _tree(root / "data/accumulated")
     with pytest.raises(JoinRefused, match=rf"image file\(s\) .* different image already in the accumulated data: "
                                           rf"{existing}"):
         intake(p, d)
-    assert _tree(root / "data/raw") == before
+    assert _tree(root / "data/accumulated") == before
 
 
 @pytest.mark.slow
@@ -237,7 +292,7 @@ def test_the_quarantine_is_reviewed_with_the_batches_cli(project: dict, capsys: 
     assert main(["batches", "--params", str(params), "list", "--json"]) == 0
     statuses = {b["batch"]: b["status"] for b in json.loads(capsys.readouterr().out)}
     assert statuses == {1: "readmitted", 2: "rejected"}
-    manifest = json.loads((root / "data/raw/manifest.json").read_text())
+    manifest = json.loads((root / "data/accumulated/manifest.json").read_text())
     assert [b["batch"] for b in manifest["batches"]] == [1] and manifest["batches"][0]["overrides"]
     assert not (root / "data/quarantine/batch-0001").exists() and (root / "data/quarantine/batch-0002").is_dir()
     assert main(["batches", "--params", str(params), "readmit", "2"]) == 1  # rejected: not quarantined any more
@@ -289,19 +344,23 @@ def test_dvc_lock_names_the_batches_the_data_holds(tmp_path: Path) -> None:
     _drop(project / "feed/2026-12-02", pd.read_csv(tmp_path / "rows/train.csv", index_col=0, dtype=str,
                                                    keep_default_na=False), tmp_path / "rows")
     dvc(project, "repro", "intake")
+    # the download stage's output is as download wrote it: dvc.lock's hash holds and `dvc status` says so
+    # (before, intake rewrote data/raw/manifest.json and joined into data/raw: download showed as modified)
+    assert dvc(project, "status", "download").stdout.strip() == "Data and pipelines are up to date."
     lock = yaml.safe_load((project / "dvc.lock").read_text())
     ledger = json.loads((project / "data/intake/batches.json").read_text())
     [record] = ledger["batches"]
     assert record["name"] == "2026-12-02" and record["status"] in ("taken", "warned")
     intake_outs = {o["path"]: o for o in lock["stages"]["intake"]["outs"]}
-    assert "data/intake/batches.json" in intake_outs
+    assert "data/intake/batches.json" in intake_outs and "data/accumulated" in intake_outs
     assert intake_outs["data/intake/batches.json"]["md5"] == hashlib.md5(
         (project / "data/intake/batches.json").read_bytes()).hexdigest()
     for stage in ("download", "intake"):  # no stage claims which batch arrived: the ledger says
         tracked = lock["stages"][stage]["params"]["params.yaml"]
         assert not any(k.startswith("download.synthetic.batch") for k in tracked), (stage, tracked)
-    manifest = json.loads((project / "data/raw/manifest.json").read_text())
+    manifest = json.loads((project / "data/accumulated/manifest.json").read_text())
     assert [b["sha256"] for b in manifest["batches"]] == [record["sha256"]]
+    assert "batches" not in json.loads((project / "data/raw/manifest.json").read_text())
 
 
 def test_a_parquet_drop_is_taken_in_like_a_csv(project: dict) -> None:

@@ -43,7 +43,7 @@ def _read_json(path: Path) -> Any:
 class Night:
     flow_run: dict[str, Any]
     tasks: dict[str, str]
-    raw: dict[str, bytes]  # data/raw of the workspace after the night
+    accumulated: dict[str, bytes]  # data/accumulated (the intake's folder) of the workspace after the night
     champion: dict[str, bytes]
     validated: dict[str, Any] | None
     drift: dict[str, Any] | None
@@ -73,7 +73,8 @@ def nights(tmp_path_factory: pytest.TempPathFactory):
             ws = stack.workspace
             champion = ws / "models" / "champion"
             result.nights[label] = Night(
-                flow_run=flow_run, tasks=stack.task_states(flow_run["id"]), raw=_tree(ws / "data/raw"),
+                flow_run=flow_run, tasks=stack.task_states(flow_run["id"]),
+                accumulated=_tree(ws / "data/accumulated"),
                 champion=_tree(champion.resolve()) if champion.is_symlink() else {},
                 validated=_read_json(ws / "data/validated/meta.json"), drift=_read_json(ws / "reports/drift.json"),
             )
@@ -102,7 +103,7 @@ def test_each_night_ends_as_planned(nights: Nights) -> None:
 
 
 def test_the_accumulated_data_grows_by_each_batch_and_each_run_trains_on_it(nights: Nights) -> None:
-    manifests = [json.loads(nights.nights[f"batch {n}"].raw["manifest.json"]) for n in (1, 2, 3)]
+    manifests = [json.loads(nights.nights[f"batch {n}"].accumulated["manifest.json"]) for n in (1, 2, 3)]
     assert [[b["batch"] for b in m["batches"]] for m in manifests] == [[1], [1, 2], [1, 2, 3]]
     joined = FEED["batch_rows"] - round(FEED["batch_rows"] * 0.2)  # each batch's training share
     assert [m["rows"]["train"] for m in manifests] == [FEED["n_train"] + n * joined for n in (1, 2, 3)]
@@ -147,7 +148,7 @@ def test_a_batch_with_broken_photos_is_quarantined_by_validation(nights: Nights)
 
 def test_after_five_nights_the_champion_and_the_data_are_those_of_night_three(nights: Nights) -> None:
     third, last = nights.nights["batch 3"], nights.nights["broken photos"]
-    assert last.raw == third.raw and last.champion == third.champion and third.champion
+    assert last.accumulated == third.accumulated and last.champion == third.champion and third.champion
 
 
 def test_dvc_repro_reproduces_the_accumulated_data(nights: Nights) -> None:
@@ -157,9 +158,10 @@ def test_dvc_repro_reproduces_the_accumulated_data(nights: Nights) -> None:
     for batch in (1, 2, 3):
         write_params(project, {"download": {"synthetic": {"batch": batch}}})
         dvc(project, "repro", "--force", "intake")  # what arrives is outside DVC's view: forced
-    assert _tree(project / "data/raw") == nights.nights["batch 3"].raw
-    train = pd.read_csv(project / "data/raw/dataset/train.csv", index_col=0)
-    assert len(train) == json.loads(nights.nights["batch 3"].raw["manifest.json"])["rows"]["train"]
+    assert _tree(project / "data/accumulated") == nights.nights["batch 3"].accumulated
+    train = pd.read_csv(project / "data/accumulated/dataset/train.csv", index_col=0)
+    assert len(train) == json.loads(nights.nights["batch 3"].accumulated["manifest.json"])["rows"]["train"]
+    assert "batches" not in json.loads((project / "data/raw/manifest.json").read_text())  # download's own
 
 
 def test_stopping_leaves_no_process_behind(nights: Nights) -> None:

@@ -1,5 +1,7 @@
-"""data/raw/manifest.json: what the dataset folder holds (every file's sha256, row and label counts), where
-its base came from, and the arriving batches it took in. No timestamps: the same input, the same bytes."""
+"""data/raw/manifest.json: what the download stage's dataset folder holds (every file's sha256, row and label
+counts) and where it came from. No timestamps: the same input, the same bytes. Only the download stage
+writes it; the intake stage reads it and describes its own folder (the base plus the batches taken in)
+with the same `describe`."""
 
 from __future__ import annotations
 
@@ -35,9 +37,10 @@ def counts(dataset: Path, label: str) -> dict[str, Any]:
     return {"rows": rows, "label_counts": labels}
 
 
-def describe(root: Path, label: str, batches: list[dict[str, Any]], archive_sha256: str | None = None
+def describe(root: Path, label: str, batches: list[dict[str, Any]] | None = None, archive_sha256: str | None = None
              ) -> dict[str, Any]:
-    """The manifest's description of `root/<dataset dir>`: every file's hash, a fingerprint, the counts."""
+    """A manifest's description of `root/<dataset dir>`: every file's hash, a fingerprint, the counts, and
+    with `batches` the arriving batches it holds (the intake stage's folder; the download's holds none)."""
     dataset = root / DATASET_DIRNAME
     files = file_hashes(dataset)
     return {
@@ -46,23 +49,15 @@ def describe(root: Path, label: str, batches: list[dict[str, Any]], archive_sha2
         "dataset_dir": DATASET_DIRNAME,
         "label": label,
         **counts(dataset, label),
-        "batches": batches,
+        **({"batches": batches} if batches is not None else {}),
         "files": files,  # last: thousands of lines
     }
 
 
 def write_manifest(root: Path, origin: dict[str, Any], base: dict[str, Any], label: str) -> dict[str, Any]:
     """`root/manifest.json` of a freshly built base dataset. `origin`: where it came from (source, url,
-    hashes, decisions); `base`: what makes it (compared to decide whether accumulated data is kept)."""
-    manifest = {**origin, "base": base, **describe(root, label, [], origin.get("archive_sha256"))}
-    write_json(root / MANIFEST, manifest)
-    return manifest
-
-
-def add_batch(root: Path, record: dict[str, Any]) -> dict[str, Any]:
-    """Rewrite `root/manifest.json` after a batch joined the dataset in `root`."""
-    manifest = read_json(root / MANIFEST, "Run the download stage again to rewrite it.")
-    manifest.update(describe(root, manifest["label"], [*manifest.get("batches", []), record]))
+    hashes, decisions); `base`: what makes it (the params and the declared table)."""
+    manifest = {**origin, "base": base, **describe(root, label, archive_sha256=origin.get("archive_sha256"))}
     write_json(root / MANIFEST, manifest)
     return manifest
 

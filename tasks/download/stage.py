@@ -5,7 +5,8 @@ PetFinder tutorial zip (optional pinned sha256, retries on transient failures on
 every member checked; ``source: local`` rewrites a table on disk declared by params.yaml ``dataset:``. Either way the new tree is built in a staging folder beside ``out_dir`` and swapped in by
 renames only when complete, so ``out_dir`` is never half-written and a failed run leaves the
 previous one in place. ``manifest.json`` records the source, hashes, row counts and label counts, with
-no timestamps: the same input gives the same bytes (DVC sees no change).
+no timestamps: the same input gives the same bytes (DVC sees no change). Only this stage writes
+``out_dir``: arriving batches join the intake stage's own folder (``intake.out_dir``), built on this one.
 """
 
 from __future__ import annotations
@@ -38,24 +39,17 @@ class DownloadSummary(BaseModel):
     seconds: float
     url: str | None = None
     attempts: int | None = None
-    batches_taken_in: list[int] = []  # arriving batches the accumulated data holds (tasks/intake)
 
 
 def download(p: DownloadParams, dataset: DatasetSchema | None = None) -> DownloadSummary:
     """Write ``p.out_dir`` (dataset folder + manifest.json) from the configured source, all or nothing.
-    Arriving batches are the intake stage's (tasks/intake). `dataset`: the declared table (default: the
-    PetFinder preset).
-
-    The base dataset is rebuilt from its source each run, except when the folder already holds accepted
-    batches of the same base: rebuilding would drop them, so the accumulated data is kept as it is.
-    """
+    Arriving batches are the intake stage's (tasks/intake), in its own folder. `dataset`: the declared table
+    (default: the PetFinder preset)."""
     start = time.perf_counter()
     schema = dataset or resolve_schema({"preset": "petfinder"})
     out_dir = Path(p.out_dir)
     recover_dir(out_dir)  # an earlier run killed mid-swap: put its previous tree back, drop its leftovers
-    current = read_manifest(out_dir) if (out_dir / DATASET_DIRNAME).is_dir() else None
-    keep = current is not None and current.get("batches") and current.get("base") == base_origin(p, schema)
-    origin = current if keep else _build_base(p, out_dir, schema)
+    origin = _build_base(p, out_dir, schema)
     manifest = read_manifest(out_dir) or {}
     return DownloadSummary(
         source=p.source,
@@ -68,7 +62,6 @@ def download(p: DownloadParams, dataset: DatasetSchema | None = None) -> Downloa
         seconds=round(time.perf_counter() - start, 3),
         url=origin.get("url"),
         attempts=origin.get("attempts"),
-        batches_taken_in=[b["batch"] for b in manifest.get("batches", [])],
     )
 
 
@@ -105,7 +98,9 @@ def _build_base(p: DownloadParams, out_dir: Path, schema: DatasetSchema) -> dict
                 generate(new, p.synthetic, schema.label.problem_type)
             except ValueError as e:
                 raise StageError(f"download.source synthetic: {e}") from None
-            origin: dict[str, Any] = {"source": "synthetic", "synthetic": p.synthetic.model_dump(mode="json")}
+            # the feed's keys (which batch arrives next) are the intake's: the base's manifest never names them
+            origin: dict[str, Any] = {"source": "synthetic",
+                                      "synthetic": p.synthetic.model_dump(mode="json", exclude=FEED_KEYS)}
         elif p.source == "local":
             origin = from_local(p.local, new, schema)
         else:

@@ -1,4 +1,5 @@
-"""Joining a checked batch into the accumulated dataset by the row key (the dataset schema's `id`).
+"""Joining a checked batch into the accumulated dataset (the intake stage's folder, `intake.out_dir`) by the
+row key (the dataset schema's `id`).
 
 Every refusal is decided before anything is written: a refused batch leaves the accumulated dataset
 byte for byte as it was. Refusals name the ids (with the batch's rows, counted from 1 after the header),
@@ -18,8 +19,9 @@ import pandas as pd
 from fusion_model.checks import image_cells
 from fusion_model.dataset import DatasetSchema, split_images
 from tasks._io.folders import recover_dir, swap_dir, temp_dir_beside
-from tasks.download.manifest import DATASET_DIRNAME, MANIFEST, add_batch
+from tasks.download.manifest import DATASET_DIRNAME
 from tasks.errors import StageError
+from tasks.intake.accumulated import MANIFEST, record_batch
 from tasks.validate.stage import HOLDOUT_DIR
 
 MAX_NAMED = 8
@@ -129,8 +131,8 @@ def plan_join(landed: Path, dataset: Path, schema: DatasetSchema, on_duplicate: 
 def apply_join(plan: JoinPlan, landed: Path, out_dir: Path, batch: int, seed: int, holdout_fraction: float,
                record: dict) -> dict:
     """The accumulated dataset plus the batch landed in `landed` (its training share appended, its holdout
-    beside, replaced rows removed), built beside `out_dir` and swapped in whole; `record` joins the raw
-    manifest's batches. Returns the record, row counts filled in."""
+    beside, replaced rows removed), built beside `out_dir` and swapped in whole; `record` joins the batches
+    of its manifest.json. Returns the record, row counts filled in."""
     recover_dir(out_dir)
     staged = temp_dir_beside(out_dir)
     try:
@@ -154,7 +156,7 @@ def apply_join(plan: JoinPlan, landed: Path, out_dir: Path, batch: int, seed: in
                 dest.unlink()
             os.link(landed / rel, dest)
         record |= {"train_rows": int((~held).sum()), "holdout_rows": int(held.sum())}
-        add_batch(staged, record)
+        record_batch(staged, record)
         swap_dir(staged, out_dir)
     finally:
         shutil.rmtree(staged, ignore_errors=True)

@@ -1,6 +1,7 @@
 """The intake ledger (`intake.feed.ledger`, data/intake/batches.json): every batch the feed delivered,
 by content sha256, and what became of it. It is the intake stage's DVC output, so `dvc.lock` names it
-and git keeps what the accumulated data holds; the raw manifest lists the batches taken in as well.
+and git keeps what the accumulated data holds; the accumulated data's own manifest (`intake.out_dir`)
+lists the batches it holds as well.
 
 Statuses: `taken` (joined), `warned` (joined; the drift gate warned), `quarantined` (refused, waiting in
 the quarantine folder for review, with the reason), `readmitted` (joined after review; the overridden

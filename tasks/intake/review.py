@@ -2,7 +2,7 @@
 
 `readmit N` takes a quarantined batch in after a person looked at it: the check that refused it is
 overridden (a drift verdict, or ids already taken in: the newer rows then replace the older ones) and
-recorded in the ledger, the raw manifest's batch record and so the run manifest. A batch refused by its own
+recorded in the ledger, the accumulated data's manifest (`intake.out_dir`) and so the run manifest. A batch refused by its own
 validation, by ids repeated inside it or by an image name clash cannot be readmitted: its files must be fixed and dropped again
 under a new name. `reject N` refuses it for good (its files stay in the quarantine folder for reference).
 """
@@ -14,6 +14,7 @@ from typing import Any
 
 from fusion_model.dataset import DatasetSchema
 from tasks.errors import StageError
+from tasks.intake.accumulated import build_on_base
 from tasks.intake.ledger import BatchRecord, read_ledger, write_ledger
 from tasks.intake.stage import check_and_join
 from tasks.params import DownloadParams, IntakeParams
@@ -53,7 +54,8 @@ def _quarantined(p: IntakeParams, batch: int) -> tuple[Any, BatchRecord, Path]:
 
 
 def readmit(p: IntakeParams, download: DownloadParams, schema: DatasetSchema, batch: int) -> BatchRecord:
-    """Take the quarantined batch in, overriding the check that refused it; `download`: the data it joins."""
+    """Take the quarantined batch in, overriding the check that refused it; it joins the accumulated data
+    (`p.out_dir`, on the download stage's data: `download.out_dir`)."""
     ledger, record, folder = _quarantined(p, batch)
     override = OVERRIDABLE.get(record.check)
     if override is None or (record.check == "join" and "already in the accumulated data" not in record.reason):
@@ -62,6 +64,7 @@ def readmit(p: IntakeParams, download: DownloadParams, schema: DatasetSchema, ba
             "be overridden: fix the files and drop the batch again under a new name, or reject it")
     if not (folder / "train.csv").is_file():
         raise StageError(f"{folder}: the quarantined batch's files are gone; drop it again under a new name")
+    build_on_base(Path(download.out_dir), Path(p.out_dir), schema.label.column)
     record.overrides = sorted({*record.overrides, f"{record.check}: reviewed ({record.reason[:200]})"})
     return check_and_join(p, download, schema, ledger, folder, record, overrides=frozenset({override}))
 

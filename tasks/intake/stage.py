@@ -1,10 +1,13 @@
 """Intake stage: each new drop of the feed becomes the next batch, checked, then joined or quarantined.
 
 ```
-feed drop ─> data/incoming/batch-<N>/ ─> validated alone ─> drift gate ─> joined by id into data/raw/dataset/
+feed drop ─> data/incoming/batch-<N>/ ─> validated alone ─> drift gate ─> joined by id into data/accumulated/dataset/
   (intake.feed)     (landing: train.csv       (the GX suite)     (against the     (train.csv + holdout/batch-<N>.csv)
                      + images, fresh row ids)                     training rows)   or data/quarantine/batch-<N>/
 ```
+
+- The accumulated data is the stage's own folder (`intake.out_dir`, tasks/intake/accumulated.py): the
+  download stage's dataset (`download.out_dir`, read, never written) plus every batch taken in.
 
 - Landing never trusts the drop's own index column: rows get fresh row ids after the accumulated data's.
 - A drop already in the ledger (same sha256) is a no-op, whatever became of it; a changed drop under a
@@ -29,8 +32,9 @@ from fusion_model.checks import image_cells
 from fusion_model.dataset import DatasetSchema, resolve_schema, split_images
 from tasks._io.files import write_text
 from tasks._io.folders import temp_dir_beside
-from tasks.download.manifest import DATASET_DIRNAME, read_manifest
+from tasks.download.manifest import DATASET_DIRNAME
 from tasks.errors import StageError
+from tasks.intake.accumulated import build_on_base, read_accumulated
 from tasks.intake.drift import drift_gate, no_batch_report
 from tasks.intake.drift_report import DriftReport, write_drift_report
 from tasks.intake.drift_stats import DriftColumns
@@ -154,9 +158,10 @@ def _refuse(p: IntakeParams, ledger: Ledger, landed: Path, record: BatchRecord, 
 
 def check_and_join(p: IntakeParams, download: DownloadParams, schema: DatasetSchema, ledger: Ledger, landed: Path,
                    record: BatchRecord, overrides: frozenset[str] = frozenset()) -> BatchRecord:
-    """Validate the landed batch alone, gate it, join it into `download.out_dir`; or quarantine it and raise.
-    `overrides`: the checks a review lets pass (drift, duplicates)."""
-    out_dir = Path(download.out_dir)
+    """Validate the landed batch alone, gate it, join it into `p.out_dir`; or quarantine it and raise.
+    `overrides`: the checks a review lets pass (drift, duplicates). `download`: the seed of each batch's
+    holdout split (download.synthetic.seed)."""
+    out_dir = Path(p.out_dir)
     dataset = out_dir / DATASET_DIRNAME
     label = f"batch {record.batch} ({record.name})"
     reference, rule = _typed(dataset, "train", "train.csv", schema)
@@ -200,22 +205,21 @@ def _joined(p: IntakeParams, download: DownloadParams, plan: JoinPlan, record: B
                        "drift": {"passed": gate.passed, "warned": gate.warned, "warnings": gate.warnings,
                                  "drifted": gate.drifted}}
     # `landed`: the incoming folder, or the quarantine one (readmit)
-    done = apply_join(plan, landed, Path(download.out_dir), record.batch, download.synthetic.seed,
+    done = apply_join(plan, landed, Path(p.out_dir), record.batch, download.synthetic.seed,
                       p.holdout_fraction, manifest_record)
     record.train_rows, record.holdout_rows = done["train_rows"], done["holdout_rows"]
 
 
 def intake(p: IntakeParams, download: DownloadParams, dataset: DatasetSchema | None = None) -> IntakeSummary:
-    """Take every new drop of `intake.feed` in, oldest first, joining it into the download stage's data
-    (`download.out_dir`); stop at the first refused one (quarantined, raised). `download` also gives the
-    embedded feed's batch and generator (`download.synthetic`) and a url feed's timeout and tries.
-    `dataset`: the declared table (default: the PetFinder preset)."""
+    """Take every new drop of `intake.feed` in, oldest first, joining it into the accumulated data
+    (`p.out_dir`: the download stage's data, `download.out_dir`, plus the batches taken in); stop at the
+    first refused one (quarantined, raised). `download` also gives the embedded feed's batch and generator
+    (`download.synthetic`) and a url feed's timeout and tries. `dataset`: the declared table (default:
+    the PetFinder preset)."""
     start = time.perf_counter()
     schema = dataset or resolve_schema({"preset": "petfinder"})
-    out_dir = Path(download.out_dir)
-    if not (out_dir / DATASET_DIRNAME / "train.csv").is_file():
-        raise StageError(f"{out_dir / DATASET_DIRNAME / 'train.csv'}: no accumulated dataset to take batches into; "
-                         "run `python -m tasks download` first (the base dataset).")
+    out_dir = Path(p.out_dir)
+    build_on_base(Path(download.out_dir), out_dir, schema.label.column)
     ledger = read_ledger(p.feed.ledger)
     summary = IntakeSummary(feed=p.feed.kind, seen=0)
     work = temp_dir_beside(Path(p.incoming_dir), "feed")
@@ -223,8 +227,8 @@ def intake(p: IntakeParams, download: DownloadParams, dataset: DatasetSchema | N
         fetching = Fetching(download.timeout_s, download.max_attempts, download.backoff_s)
         drops = list_drops(p.feed, schema, work, fetching, download.synthetic)
         summary.seen = len(drops)
-        # batches the ledger took in but the data lacks (the base was rebuilt from a changed source): again
-        in_data = {b.get("sha256") for b in (read_manifest(out_dir) or {}).get("batches", [])}
+        # batches the ledger took in but the data lacks (built again on a changed base): taken in again
+        in_data = {b.get("sha256") for b in (read_accumulated(out_dir) or {}).get("batches", [])}
         for drop in drops:
             known = ledger.by_sha(drop.sha256)
             if known is not None and (known.status not in JOINED or known.sha256 in in_data):

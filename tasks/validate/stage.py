@@ -180,7 +180,8 @@ def check_tables(dataset_dir: Path, tables: list[tuple[str, str]], schema: Datas
     raw_tables: dict[str, RawTable] = {}
     if not dataset_dir.is_dir():
         report.problems.append(
-            f"{dataset_dir}: no such folder; run `python -m tasks download` first or set validate.dataset_dir"
+            f"{dataset_dir}: no such folder; run `python -m tasks download` then `python -m tasks intake` first (the "
+            "intake stage writes the accumulated data there: intake.out_dir) or set validate.dataset_dir"
         )
     else:
         for name, file in tables:

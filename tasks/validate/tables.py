@@ -53,7 +53,8 @@ def read_raw(name: str, path: Path, schema: DatasetSchema) -> RawTable:
     if not path.is_file():
         raise TableLoadError(
             f"{path}: file not found. The dataset folder must hold train.csv, test.csv and images/; "
-            "run `python -m tasks download` or point validate.dataset_dir at the right folder"
+            "run `python -m tasks download` then `python -m tasks intake` (it writes the accumulated data, "
+            "intake.out_dir) or point validate.dataset_dir at the right folder"
         )
     if path.stat().st_size == 0:
         raise TableLoadError(f"{path}: the file is empty (0 bytes); re-download the dataset or restore the file")
