@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -126,3 +127,9 @@ def reproduced_project(dest: Path) -> dict[str, Any]:
         "root": root, "first_repro": first.stdout, "repro_s": time.monotonic() - started,
         "model_sha": model_sha, "first_model_sha": model_sha,
     }
+
+
+def script_sources(page: str) -> list[str]:
+    """What each <script> of the page loads: its src, or "inline"."""
+    return [m.group(1) or "inline" for m in re.finditer(r"<script\b[^>]*?(?:\bsrc\s*=\s*[\"']([^\"']*)[\"'])?[^>]*>",
+                                                         page, flags=re.IGNORECASE)]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 from filelock import FileLock
-from project_copy import ROOT, dvc, run, sha256, write_params
+from project_copy import ROOT, dvc, run, script_sources, sha256, write_params
 
 STAGES = ("download", "intake", "validate", "train", "convert", "evaluate")
 MODEL = Path("data/model/model.safetensors")
@@ -163,7 +163,7 @@ def test_repro_runs_every_stage_and_writes_metrics(project: dict) -> None:
     new = sorted(line.removeprefix("?? ") for line in status)
     assert all(line.startswith("?? ") for line in status), status
     assert all(p == "dvc.lock" or p in {"data/eval/metrics.json", "data/eval/plots/roc.csv", "data/eval/plots/confusion.csv",
-                                        "data/intake/batches.json"}
+                                        "data/eval/plots/residuals.csv", "data/intake/batches.json"}
                or p.startswith("reports/") for p in new), new
     for path in ("dvc.lock", "reports/validation.json", "reports/training/metrics.json", "reports/training/curves.png",
                  "reports/training/plots/metrics/val/roc_auc.tsv"):
@@ -189,7 +189,12 @@ def test_metrics_show_lists_the_metrics(project: dict) -> None:
 
 @pytest.mark.slow
 def test_plots_point_at_the_evaluation_files(project: dict, tmp_path: Path) -> None:
+    shown = dvc(project["root"], "plots", "show", "--out", str(tmp_path / "page"))
+    assert "DVC failed to load some plots" not in shown.stdout + shown.stderr, shown.stderr  # every file there
+    page = (tmp_path / "page/index.html").read_text()
+    assert script_sources(page) and set(script_sources(page)) == {"inline"}  # Vega from vendor/vega/, no CDN
     out = dvc(project["root"], "plots", "show", "--json", "--out", str(tmp_path / "plots")).stdout
+    assert '"errors"' not in out
     for name in ("roc.csv", "confusion.csv", "roc.png", "confusion_matrix.png"):
         assert f"data/eval/plots/{name}" in out, name
     assert "ROC curve (test set)" in out and "Confusion matrix (test set)" in out  # dvc.yaml's top-level plots

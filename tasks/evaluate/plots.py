@@ -1,12 +1,17 @@
 """Evaluation plots a person can open offline (matplotlib PNG) and the same data as CSV for `dvc plots`.
 
-DVC's HTML loads Vega from a CDN and is blank offline, so the PNGs are the human view; the CSVs are what
-dvc.yaml's top-level `plots:` section points at. What is drawn follows the problem type:
+The PNGs need nothing to open; the CSVs are what dvc.yaml's top-level `plots:` section draws (`dvc plots
+show` / `diff`, whose page loads its Vega scripts from vendor/vega/: docs/dvc.md). What is drawn follows
+the problem type:
 - classification (binary, multiclass, ordinal): `roc.csv` (fpr,tpr: the positive class for binary, the
   micro-average one-vs-rest otherwise) + `roc.png`, `confusion.csv` (actual,predicted per row, DVC's
   confusion template) + `confusion_matrix.png`;
 - regression: `residuals.csv` (actual,predicted per row, DVC's scatter template) + `predicted_vs_actual.png`
   and `residuals.png`.
+Every evaluation writes every CSV dvc.yaml draws (PLOT_CSVS): those of the other problem types hold their
+header and no row, which DVC loads as a plot with no data and draws nothing. A missing file would be a
+load error ("DVC failed to load some plots") for the whole revision, in `dvc plots show` and in every
+`dvc plots diff` that compares it.
 """
 
 from __future__ import annotations
@@ -24,6 +29,28 @@ import pandas as pd  # noqa: E402
 from sklearn.metrics import ConfusionMatrixDisplay, auc, confusion_matrix, roc_curve  # noqa: E402
 
 PLOTS_DIR = "plots"
+# Every CSV dvc.yaml's top-level `plots:` draws, with its columns, in the order written.
+PLOT_CSVS: dict[str, tuple[str, ...]] = {
+    "roc.csv": ("fpr", "tpr", "threshold"),
+    "confusion.csv": ("actual", "predicted"),
+    "residuals.csv": ("actual", "predicted"),
+}
+
+
+def write_plots(out_dir: Path, kind: str, y: np.ndarray, prediction: np.ndarray, proba: np.ndarray | None,
+                classes: Sequence[object], label: str) -> list[Path]:
+    """The plots of problem type `kind` into `out_dir`, and the other types' CSVs with their header only."""
+    if kind == "regression":
+        written = write_regression(out_dir, y, prediction, label)
+    else:
+        if proba is None:
+            raise ValueError(f"{kind} plots need the class probabilities")
+        written = [*write_roc(out_dir, y, proba, classes), *write_confusion(out_dir, y, prediction, classes)]
+    for name, columns in PLOT_CSVS.items():
+        if not (out_dir / name).exists():
+            pd.DataFrame(columns=list(columns)).to_csv(out_dir / name, index=False)
+            written.append(out_dir / name)
+    return written
 
 
 def roc_points(y: np.ndarray, proba: np.ndarray) -> pd.DataFrame:

@@ -31,7 +31,7 @@ from tasks.evaluate.baseline import NAME as BASELINE_NAME
 from tasks.evaluate.baseline import BaselineResult, fit_and_score
 from tasks.evaluate.inputs import TestSet, check_model_dir, load_predictor, load_test_set
 from tasks.evaluate.metrics import fingerprint_test_set, label_counts, metrics_of, primary_score
-from tasks.evaluate.plots import PLOTS_DIR, write_confusion, write_regression, write_roc
+from tasks.evaluate.plots import PLOTS_DIR, write_plots
 from tasks.params import EvaluateParams
 
 OUTPUT_FILES: tuple[str, ...] = ("metrics.json", "predictions.csv", "ablation.json", PLOTS_DIR)
@@ -120,12 +120,7 @@ def write_evaluation(out_dir: Path, test: TestSet, out: Predictions, masked: Map
     write_json(out_dir / "ablation.json", ablation_report(test, metrics, masked, name))
     plots = out_dir / PLOTS_DIR
     plots.mkdir()
-    if kind == "regression":
-        write_regression(plots, test.y, out.prediction, test.label)
-    else:
-        assert out.proba is not None
-        write_roc(plots, test.y, out.proba, test.classes)
-        write_confusion(plots, test.y, out.prediction, test.classes)
+    write_plots(plots, kind, test.y, out.prediction, out.proba, test.classes, test.label)
     return content
 
 
