@@ -402,3 +402,13 @@ def test_an_old_params_yaml_with_the_intake_keys_under_download_is_refused_namin
     assert "download.feed: moved to the intake: section (intake.feed)" in capsys.readouterr().err
     with pytest.raises(ValueError, match=r"download\.incoming_dir: moved to the intake: section"):
         DownloadParams(incoming_dir="data/incoming")
+
+
+def test_intake_before_download_or_into_the_download_folder_is_refused_with_the_fix(tmp_path: Path) -> None:
+    p, d = _params(tmp_path), _download(tmp_path)
+    with pytest.raises(StageError, match=r"data/raw/dataset/train\.csv: no downloaded dataset .* run `python -m "
+                                         r"tasks download` first"):
+        intake(p, d)
+    with pytest.raises(StageError, match=r"intake\.out_dir .* is download\.out_dir: .* Fix: set intake\.out_dir"):
+        intake(p.model_copy(update={"out_dir": d.out_dir}), d)
+    assert not (tmp_path / "data").exists()
