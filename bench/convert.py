@@ -1,6 +1,12 @@
 """Peak memory and wall time of ZeRO -> fp32 conversion: the convert stage vs DeepSpeed's and Lightning's.
 
     python bench/convert.py [--work DIR] [--size big] [--variants z2-fp32,z3-fp32] [--repeats 1]
+    python bench/convert.py --checkpoint DIR [--checkpoint-name last.ckpt]   # a train stage's own ZeRO run
+
+With --checkpoint, the shards are a training run's (e.g. bench/zero_memory.py's 335M-parameter ZeRO-3 run,
+`--checkpoint /tmp/zero_memory/runs/z3/ckpt`), `ours` builds the fusion model of its model_config.json for
+the strict check, and the outputs of `ours` and DeepSpeed's safetensors converter are compared tensor by
+tensor (bit-equal, keys without the training module's prefixes).
 
 Makes (once, reused from --work) 2-rank ZeRO-2 and ZeRO-3 checkpoints of a ~336 MB fp32 model on CPU with
 `tests/zero_shards.py` under torchrun, then runs every converter in its own fresh subprocess on the same
@@ -46,7 +52,7 @@ def _reset_peak() -> None:
     Path("/proc/self/clear_refs").write_text("5")
 
 
-def child(method: str, src: Path, out: Path) -> None:
+def child(method: str, src: Path, out: Path, name: str = "best.ckpt", fusion: bool = False) -> None:
     """Runs in the measured subprocess; prints one JSON line."""
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import deepspeed  # noqa: F401  (the baseline imports both)
@@ -57,6 +63,7 @@ def child(method: str, src: Path, out: Path) -> None:
         from lightning.pytorch.utilities.deepspeed import (
             convert_zero_checkpoint_to_fp32_state_dict as lightning_convert,
         )
+    tag = None if fusion else "checkpoint"  # a training run's: the shards' own `latest` file names it
     if method == "ours":
         sys.path.insert(0, str(ROOT))
         sys.path.insert(0, str(ROOT / "tests"))
@@ -64,6 +71,8 @@ def child(method: str, src: Path, out: Path) -> None:
 
         from tasks.convert import convert
         from tasks.params import ConvertParams
+
+        builder = None if fusion else (lambda c: TinyNet(width=c["width"], depth=c["depth"]))
     out.mkdir(parents=True, exist_ok=True)
     after_imports = _status_kib("VmRSS")
     _reset_peak()
@@ -76,40 +85,69 @@ def child(method: str, src: Path, out: Path) -> None:
         sys.path.insert(0, str(ROOT))
         from tasks._io.hashing import sha256_file
 
-        files = sorted((src / "best.ckpt").rglob("*.pt"))
+        files = sorted((src / name).rglob("*.pt"))
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
             list(pool.map(sha256_file, files))
     elif method == "ours":
-        summary = convert(ConvertParams(checkpoint_dir=src, out_dir=out),
-                          build_model=lambda c: TinyNet(width=c["width"], depth=c["depth"]))
+        summary = convert(ConvertParams(checkpoint_dir=src, checkpoint_name=name, out_dir=out), build_model=builder)
         assert summary.converted, summary.message
     elif method == "ds_state_dict+save":
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-        state = get_fp32_state_dict_from_zero_checkpoint(str(src / "best.ckpt"), tag="checkpoint")
+        state = get_fp32_state_dict_from_zero_checkpoint(str(src / name), tag=tag)
         torch.save(state, out / "pytorch_model.bin")
     elif method == "ds_convert_safetensors":
         from deepspeed.utils.zero_to_fp32 import convert_zero_checkpoint_to_fp32_state_dict
 
-        convert_zero_checkpoint_to_fp32_state_dict(str(src / "best.ckpt"), str(out), safe_serialization=True,
-                                                   tag="checkpoint")
+        convert_zero_checkpoint_to_fp32_state_dict(str(src / name), str(out), safe_serialization=True, tag=tag)
     elif method == "lightning":
-        lightning_convert(str(src / "best.ckpt"), str(out / "lightning.ckpt"), tag="checkpoint")
+        lightning_convert(str(src / name), str(out / "lightning.ckpt"), tag=tag)
     seconds = time.perf_counter() - start
     peak = _status_kib("VmHWM")  # includes mapped file pages (DeepSpeed mmaps the shards)
     print(json.dumps({"method": method, "seconds": seconds, "peak_kib": peak, "after_imports_kib": after_imports}))
 
 
-def _run_child(method: str, src: Path, out: Path) -> dict:
+def _run_child(method: str, src: Path, out: Path, name: str = "best.ckpt", fusion: bool = False,
+               keep: bool = False) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
-    done = subprocess.run([sys.executable, __file__, "--child", method, "--src", str(src), "--out", str(out)],
+    extra = ["--checkpoint-name", name] + (["--fusion"] if fusion else [])
+    done = subprocess.run([sys.executable, __file__, "--child", method, "--src", str(src), "--out", str(out), *extra],
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=1200)
     if done.returncode != 0:
         raise SystemExit(f"{method} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    shutil.rmtree(out, ignore_errors=True)
+    if not keep:
+        shutil.rmtree(out, ignore_errors=True)
     return result
+
+
+def _bit_equal(ours: Path, deepspeed: Path) -> tuple[int, list[str]]:
+    """Tensors compared, and the keys that differ (or are missing on either side), one tensor at a time."""
+    import torch
+    from safetensors import safe_open
+
+    prefixes = ("_forward_module.model.", "model.")
+    theirs_files = sorted(deepspeed.glob("*.safetensors"))
+    theirs: dict[str, Path] = {}
+    for f in theirs_files:
+        with safe_open(str(f), "pt") as h:
+            for key in h.keys():
+                plain = next((key[len(p):] for p in prefixes if key.startswith(p)), key)
+                theirs[plain] = f
+    differ: list[str] = []
+    with safe_open(str(ours / "model.safetensors"), "pt") as mine:
+        keys = list(mine.keys())
+        for key in keys:
+            if key not in theirs:
+                differ.append(f"{key} (not in DeepSpeed's)")
+                continue
+            with safe_open(str(theirs[key]), "pt") as h:
+                other = next(k for k in h.keys() if next((k[len(p):] for p in prefixes if k.startswith(p)), k) == key)
+                if not torch.equal(mine.get_tensor(key), h.get_tensor(other)):
+                    differ.append(key)
+    floating = {k for k in theirs if k not in keys}
+    return len(keys), differ + [f"{k} (not in ours)" for k in sorted(floating)]
 
 
 def _make_shards(work: Path, size: str, variants: list[str]) -> None:
@@ -132,8 +170,14 @@ def _warm(folder: Path) -> None:
                 pass
 
 
-def _model_bytes(src: Path) -> int:
+def _model_bytes(src: Path, name: str = "best.ckpt", fusion: bool = False) -> int:
     import torch
+
+    if fusion:  # the shards' own plan: every output tensor's fp32 bytes
+        sys.path.insert(0, str(ROOT))
+        from tasks.convert.zero_layout import plan_source
+
+        return sum(t.numel * 4 for t in plan_source(src / name).tensors)
 
     sys.path.insert(0, str(ROOT / "tests"))
     from zero_shards import TinyNet
@@ -153,23 +197,30 @@ def main() -> None:
     parser.add_argument("--child", choices=("baseline", *METHODS))
     parser.add_argument("--src", type=Path)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--checkpoint", type=Path, help="a train stage's out_dir holding a ZeRO checkpoint")
+    parser.add_argument("--checkpoint-name", default="best.ckpt")
+    parser.add_argument("--fusion", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.src, args.out)
+        child(args.child, args.src, args.out, args.checkpoint_name, args.fusion)
         return
 
-    variants = args.variants.split(",")
-    _make_shards(args.work, args.size, variants)
+    fusion = args.checkpoint is not None
+    name = args.checkpoint_name if fusion else "best.ckpt"
+    variants = [str(args.checkpoint)] if fusion else args.variants.split(",")
+    if not fusion:
+        _make_shards(args.work, args.size, variants)
     load = os.getloadavg()
     print(f"load average before: {load[0]:.2f} (2 cores); other work on the machine inflates times")
     rows = []
     for variant in variants:
-        src = args.work / variant
-        model_bytes = _model_bytes(src)
-        _warm(src / "best.ckpt")
-        base = min(_run_child("baseline", src, args.work / "out")["after_imports_kib"] for _ in range(args.repeats))
+        src = Path(variant) if fusion else args.work / variant
+        model_bytes = _model_bytes(src, name, fusion)
+        _warm(src / name)
+        base = min(_run_child("baseline", src, args.work / "out", name, fusion)["after_imports_kib"]
+                   for _ in range(args.repeats))
         for method in METHODS:
-            runs = [_run_child(method, src, args.work / "out") for _ in range(args.repeats)]
+            runs = [_run_child(method, src, args.work / "out", name, fusion) for _ in range(args.repeats)]
             peak = min(r["peak_kib"] for r in runs)
             seconds = min(r["seconds"] for r in runs)
             rows.append({"variant": variant, "method": method, "seconds": round(seconds, 2),
@@ -190,6 +241,13 @@ def main() -> None:
               f"fastest {ds_fastest:.2f} s = {ours['seconds'] / ds_fastest:.2f}x (goal <= 1.0x: "
               f"{'met' if ours['seconds'] <= ds_fastest else 'NOT met'}); hashing the shards alone (for the "
               f"manifest and the skip check) takes {hashing['seconds']:.2f} s")
+    if fusion:  # bit-equal to DeepSpeed's own conversion of the same shards
+        src = Path(variants[0])
+        _run_child("ours", src, args.work / "ours", name, fusion, keep=True)
+        _run_child("ds_convert_safetensors", src, args.work / "deepspeed", name, fusion, keep=True)
+        compared, differ = _bit_equal(args.work / "ours", args.work / "deepspeed")
+        print(f"bit-equal to DeepSpeed's safetensors: {compared} tensors compared, {len(differ)} differ"
+              + (f": {differ[:5]}" if differ else ""))
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     print(json.dumps(rows))
 

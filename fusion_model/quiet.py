@@ -30,8 +30,9 @@ WARNINGS: list[tuple[str, type[Warning], str]] = [
      r"lightning\.pytorch\.loops\.fit_loop"),
     # torch 2.10+ deprecates the LeafSpec class that Lightning's own pytree helper still builds
     (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning, r"lightning\."),
-    # DeepSpeed's ZeRO calls torch's deprecated all_gather_into_tensor (the warning is raised in c10d's wrapper)
-    (r"`torch\.distributed\.all_gather_into_tensor` is deprecated", FutureWarning,
+    # DeepSpeed's ZeRO calls torch's deprecated all_gather_into_tensor and (ZeRO-3) reduce_scatter_tensor (the
+    # warning is raised in c10d's wrapper)
+    (r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated", FutureWarning,
      r"torch\.distributed\.c10d_logger"),
     # Lightning's all_gather (metric sync across ranks) calls torch's deprecated autograd all_gather
     (r"torch\.distributed\.nn\.functional\.all_gather is deprecated", FutureWarning,

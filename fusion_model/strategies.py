@@ -89,6 +89,11 @@ def deepspeed_config(cfg: TrainConfig, on_cuda: bool = True) -> dict[str, Any]:
         zero.update({
             "stage3_prefetch_bucket_size": cfg.zero_bucket_size,
             "stage3_param_persistence_threshold": 100_000,  # small tensors stay whole on every rank
+            # a gathered parameter is released after use unless this many elements are live or it is used
+            # again within this distance: DeepSpeed's 1e9 defaults keep a whole 300M-parameter model gathered
+            # on every rank, which is what stage 3 exists to avoid (bench/zero_memory.py)
+            "stage3_max_live_parameters": cfg.zero_bucket_size,
+            "stage3_max_reuse_distance": cfg.zero_bucket_size,
         })
     if cfg.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}

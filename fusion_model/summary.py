@@ -19,6 +19,7 @@ from fusion_model.callbacks import ProgressPrinter, Throughput
 from fusion_model.config import TrainConfig
 from fusion_model.files import write_json
 from fusion_model.layout import LAST_CHECKPOINT, TRAIN_SUMMARY
+from fusion_model.memory import rank_memory
 from fusion_model.metrics import greater_is_better
 
 
@@ -133,6 +134,7 @@ class FinishRun(pl.Callback):
         if cfg.save_gathered_weights and final:
             self._save_gathered(trainer, pl_module)
         wall = round(time.perf_counter() - self._started, 2)
+        memory = rank_memory(trainer, pl_module.model)  # collective: every rank answers
         if self.selection is not None:
             self.summary = {**self.selection, "fit_wall_s": round(self.selection["fit_wall_s"] + wall, 2),
                             "best_checkpoint": Path(self.checkpoint.best_model_path).name or None,
@@ -141,10 +143,12 @@ class FinishRun(pl.Callback):
                                       "decision_from_epoch": self.selection["best_epoch"]}}
         else:
             self.summary = self._selection_summary(trainer, pl_module, wall)
+        # each rank's parameter, gradient and optimizer bytes at the end, and its peak resident memory
+        self.summary["memory"] = memory
         if trainer.is_global_zero:
             write_json(out_dir / TRAIN_SUMMARY, self.summary)
             if final:
-                brief = {k: v for k, v in self.summary.items() if k not in ("history", "decision")}
+                brief = {k: v for k, v in self.summary.items() if k not in ("history", "decision", "memory")}
                 print(f"[train] finished: {json.dumps(brief)}", flush=True)
         trainer.strategy.barrier("train_summary_written")
 

@@ -154,6 +154,12 @@ def test_deepspeed_option_trains_converts_to_fp32_and_predicts(option_data: Path
     assert all(v.dtype == torch.float32 for v in weights.values() if v.is_floating_point())  # fp32 whatever trained
 
     predictor = Predictor.load(model_dir)  # the converted folder only, strict load
+    # ZeRO keeps each element's fp32 master weight and Adam's two moments once across the ranks (DDP: each rank
+    # holds Adam's moments of every element): read from the engine's own buffers at the end of training
+    memory = json.loads((ckpt / "train_summary.json").read_text())["memory"]
+    model_bytes = sum(p.numel() * 4 for p in predictor.model.parameters())
+    assert [m["rank"] for m in memory] == [0, 1] and all(m["peak_rss"] > 0 for m in memory)
+    assert 2.9 * model_bytes <= sum(m["optimizer"] for m in memory) <= 3.3 * model_bytes
     test = pd.read_parquet(option_data / "test.parquet")
     meta = json.loads((option_data / "meta.json").read_text())
     proba = predictor.predict_proba(test, (option_data / meta["dataset_root"]).resolve())

@@ -9,7 +9,11 @@ from pathlib import Path
 import torch
 
 
-def make_text_model(folder: Path, texts: Iterable[str], hidden: int = 32, layers: int = 2, seed: int = 0) -> Path:
+def make_text_model(folder: Path, texts: Iterable[str], hidden: int = 32, layers: int = 2, seed: int = 0,
+                    heads: int = 2, intermediate: int | None = None, vocab_size: int | None = None,
+                    max_positions: int = 64) -> Path:
+    """`vocab_size`: the embedding's rows (default: the trained vocabulary's size; larger leaves rows unused,
+    as a real model's vocabulary exceeds one table's words)."""
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
 
@@ -24,8 +28,9 @@ def make_text_model(folder: Path, texts: Iterable[str], hidden: int = 32, layers
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]",
                                    cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
     torch.manual_seed(seed)
-    config = BertConfig(vocab_size=tokenizer.get_vocab_size(), hidden_size=hidden, num_hidden_layers=layers,
-                        num_attention_heads=2, intermediate_size=2 * hidden, max_position_embeddings=64)
+    config = BertConfig(vocab_size=max(vocab_size or 0, tokenizer.get_vocab_size()), hidden_size=hidden,
+                        num_hidden_layers=layers, num_attention_heads=heads,
+                        intermediate_size=intermediate or 2 * hidden, max_position_embeddings=max_positions)
     BertModel(config).save_pretrained(folder)
     fast.save_pretrained(folder)
     return folder

@@ -196,6 +196,11 @@ def _environment(p: TrainConfig, port: int) -> dict[str, str]:
     env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.cwd() / ".torch_ext"))
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("DVC_STUDIO_OFFLINE", "true")  # DVCLive never reports to a hosted service
+    if p.strategy == "deepspeed" and p.zero_stage == 3:
+        # glibc raises its mmap threshold as large blocks are freed and then serves ZeRO-3's gathered
+        # parameters from a heap it never gives back: a fixed threshold returns each released parameter to
+        # the OS, which is what ZeRO-3 is for (a third less peak memory per rank, bench/zero_memory.py)
+        env.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 20))
     if p.strategy == "ddp_spawn":
         env.update({"MASTER_ADDR": p.master_addr, "MASTER_PORT": str(port)})
     if _is_loopback(p.master_addr):
