@@ -389,3 +389,17 @@ def test_one_node_keeps_gloo_and_nccl_sockets_on_loopback_unless_told_otherwise(
     assert _environment(TrainConfig(), port=29500)["NCCL_SOCKET_IFNAME"] == "ib0"
     monkeypatch.delenv("NCCL_SOCKET_IFNAME")
     assert "NCCL_SOCKET_IFNAME" not in _environment(TrainConfig(master_addr="198.18.0.2", num_nodes=2), port=29500)
+
+
+def test_zero3_ranks_return_released_memory_to_the_os(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ZeRO-3's ranks get a fixed glibc mmap threshold (a released gathered parameter goes back to the OS);
+    the other strategies keep glibc's default, and a value the user exported wins."""
+    from tasks.train.stage import _environment
+
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    zero3 = TrainConfig(strategy="deepspeed", zero_stage=3)
+    assert _environment(zero3, port=29500)["MALLOC_MMAP_THRESHOLD_"] == str(1 << 20)
+    for other in (TrainConfig(strategy="deepspeed", zero_stage=2), TrainConfig(strategy="ddp")):
+        assert "MALLOC_MMAP_THRESHOLD_" not in _environment(other, port=29500)
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+    assert _environment(zero3, port=29500)["MALLOC_MMAP_THRESHOLD_"] == "65536"
