@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # Fills ./.whl with the Python 3.12 x86-64 wheels that a bare CUDA image (PyTorch, Lightning, timm and the
 # scientific stack already there, no package registry) lacks to run scripts/gpu_check.sh: pydantic,
-# deepspeed, dvclive and what they require, tabm, rtdl_num_embeddings. Run it here, where the registry is
-# reachable, then carry ./.whl to the GPU machine; gpu_check.sh installs it offline into /tmp/site.
+# deepspeed, dvclive and what they require, tabm, rtdl_num_embeddings, and for the text transformer
+# (train.text_model) transformers, tokenizers and peft at the project's pins with what they need at a newer
+# version than such an image has (accelerate, huggingface_hub 2 with hf_xet and httpx2, regex, safetensors).
+# Run it here, where the registry is reachable, then carry ./.whl to the GPU machine; gpu_check.sh installs
+# it offline into /tmp/site, first on PYTHONPATH.
 #
-#   bash scripts/gpu_wheels.sh        # ~21 MiB; keep .whl out of git (echo /.whl/ >> .git/info/exclude)
+#   bash scripts/gpu_wheels.sh        # ~45 MiB; keep .whl out of git (echo /.whl/ >> .git/info/exclude)
 #
 # The versions are the lock's (requirements.lock) where the project pins them. deepspeed and
 # antlr4-python3-runtime publish only source archives: they are built here into pure-python wheels.
+# A wheel of another version of the same package left in .whl by an earlier pin would stop the install
+# there (two versions of one package): remove .whl first when a pin changes.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -28,6 +33,9 @@ BINARY=(
   rtdl_num_embeddings==0.0.12 ruamel_yaml==0.19.1 scmrepo==3.6.2 semver==3.1.2 shortuuid==1.0.13
   shtab==1.13.0 smmap==5.0.3 sqltrie==0.11.3 tabm==0.0.3 tomlkit==0.15.2 typing_extensions==4.15.0
   typing_inspection==0.4.5 tzlocal==5.4.5 vine==5.1.0 voluptuous==0.16.0 wcwidth==0.9.4 zc_lockfile==4.0
+  # train.text_model: transformers imports huggingface_hub, which imports httpx2 (and truststore) at once
+  accelerate==1.16.0 hf_xet==1.8.0 httpcore2==2.16.2 httpx2==2.16.2 huggingface_hub==2.4.0 peft==0.21.2
+  regex==2026.11.19 safetensors==0.8.0 tokenizers==0.23.3 transformers==5.23.0 truststore==0.10.5
 )
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
