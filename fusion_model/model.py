@@ -118,7 +118,7 @@ class FusionModel(nn.Module):
         # the members' mix, fitted on validation (uniform until then); head h belongs to member h % members,
         # the linear member's head (last) to the last member
         self.register_buffer("member_weights", torch.full((self.mixed,), 1.0 / self.mixed))
-        head_member = torch.arange(k) % members
+        head_member = torch.tensor([h % members for h in range(k)])  # (arange % on meta costs a dynamo import)
         if self.linear is not None:
             head_member = torch.cat([head_member, torch.tensor([members])])
         self.register_buffer("head_member", head_member, persistent=False)

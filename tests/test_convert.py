@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 
 from tasks._io.hashing import sha256_file
 from tasks.convert import convert
+from tasks.convert.zero_layout import plan_source
 from tasks.errors import StageError
 from tasks.params import ConvertParams
 
@@ -111,8 +112,9 @@ def test_output_is_bit_equal_to_deepspeed_and_to_the_trained_weights(shards: Pat
     assert manifest["source"]["zero_stage"] == int(variant[1]) and manifest["source"]["world_size"] == 2
     assert manifest["source"]["tag"] == "checkpoint"
     for entry in manifest["identity"]["files"]:
-        assert entry["sha256"] == sha256_file(src / entry["path"])
+        assert entry["bytes"] == (src / entry["path"]).stat().st_size
     assert len(manifest["identity"]["files"]) == (3 if variant.startswith("z2") else 4)
+    assert len(manifest["identity"]["layout_sha256"]) == 64
     assert manifest["output"]["sha256"] == sha256_file(tmp_path / "model" / "model.safetensors") == summary.sha256
     assert manifest["output"]["parameters"] == sum(p.numel() for p in model.parameters())
     assert manifest["verification"]["strict_load"] is True
@@ -153,7 +155,7 @@ def test_second_run_on_the_same_source_does_nothing(shards: Path, tmp_path: Path
 
     second = convert(params(src, out), build_model=tiny_builder)
     assert first.converted and not second.converted
-    assert "up to date" in second.message and "same sha256" in second.message
+    assert "up to date" in second.message and "source layout" in second.message
     assert second.sha256 == first.sha256
     assert (out / "model.safetensors").stat().st_ino == stat.st_ino
     assert (out / "model.safetensors").stat().st_mtime_ns == stat.st_mtime_ns
@@ -169,6 +171,43 @@ def test_second_run_on_the_same_source_does_nothing(shards: Path, tmp_path: Path
     # another source into the same folder is a new conversion
     fourth = convert(params(shards / "z2-fp32", out), build_model=tiny_builder)
     assert fourth.converted and fourth.zero_stage == 2
+
+
+def _first_optimizer_tensor(shard: Path, key: str) -> tuple[int, int]:
+    """(byte offset, bytes) in `shard` of the first tensor named `key` in its optimizer state."""
+    from fusion_model.safe_load import load_meta
+
+    zero = load_meta(shard)["optimizer_state_dict"]
+    state = (zero.get("optimizer_state_dict") or zero["base_optimizer_state"])["state"]  # stage 3, stage 1/2
+    tensor = next(v[key] for v in (state.values() if isinstance(state, dict) else state) if key in v)
+    return tensor.untyped_storage()._checkpoint_offset + tensor.storage_offset() * 4, tensor.numel() * 4
+
+
+def _overwrite(path: Path, offset: int, data: bytes) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+
+
+@pytest.mark.parametrize("variant", ["z2-fp32", "z3-fp32"])
+def test_only_the_bytes_that_reach_the_model_decide_a_reconversion(shards: Path, tmp_path: Path, variant: str) -> None:
+    """Adam's moments never reach the model file: changing them leaves the output up to date. A changed
+    master weight of the same size (same layout) is read, found, and converted again."""
+    src, out = copy_variant(shards, variant, tmp_path / "src"), tmp_path / "model"
+    first = convert(params(src, out), build_model=tiny_builder)
+    shard = next((src / "best.ckpt" / "checkpoint").glob("*optim_states.pt"))
+    offset, size = _first_optimizer_tensor(shard, "exp_avg")
+    _overwrite(shard, offset, bytes(range(8)) * (min(size, 64) // 8))
+    moments = convert(params(src, out), build_model=tiny_builder)
+    assert first.converted and not moments.converted and moments.sha256 == first.sha256
+
+    plan = plan_source(src / "best.ckpt").tensors
+    piece = next(p for t in plan if t.is_parameter for p in t.pieces if p.numel >= 4)
+    _overwrite(piece.file, piece.offset, torch.tensor([0.25, -0.5, 1.5, 2.0]).numpy().tobytes())
+    weights = convert(params(src, out), build_model=tiny_builder)
+    assert weights.converted and weights.sha256 != first.sha256
+    got = load_file(out / "model.safetensors")
+    assert any(torch.equal(v.flatten()[:4], torch.tensor([0.25, -0.5, 1.5, 2.0])) for v in got.values())
 
 
 def _worker(src: Path, out: Path, *extra: str) -> subprocess.Popen[str]:

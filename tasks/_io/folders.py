@@ -75,9 +75,11 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(a), None, str(b))
 
 
-def swap_dir(tmp: Path, dest: Path) -> None:
-    """Make the fully written folder `tmp` become `dest`; the previous `dest` is deleted only afterwards."""
-    flush_tree()
+def swap_dir(tmp: Path, dest: Path, flushed: bool = False) -> None:
+    """Make the fully written folder `tmp` become `dest`; the previous `dest` is deleted only afterwards.
+    `flushed`: the caller fsynced every file of `tmp` and `tmp` itself (else one `sync` puts the tree on disk)."""
+    if not flushed:
+        flush_tree()
     if dest.exists() and _exchange(tmp, dest):
         fsync_dir(dest.parent)
         shutil.rmtree(tmp)  # the old content, now under the temporary name

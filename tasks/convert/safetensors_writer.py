@@ -2,8 +2,8 @@
 
 The format is an 8-byte little-endian header length, a JSON header naming every tensor's dtype, shape and
 byte range, then the raw little-endian bytes. All shapes are known before any data is read, so the header
-goes first and each tensor's bytes follow, copied through one reusable buffer: memory stays at the buffer
-size (plus small casts of non-fp32 buffers), never a multiple of the model.
+goes first and each tensor's bytes follow, copied through a few reusable buffers: memory stays at their size
+(plus small casts of non-fp32 buffers), never a multiple of the model.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import json
 import os
 import struct
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,7 +26,8 @@ SAFETENSORS_DTYPES: dict[torch.dtype, str] = {
     torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
     torch.bool: "BOOL",
 }
-CHUNK_BYTES = 16 << 20
+CHUNK_BYTES = 8 << 20
+RING = 4  # buffers in flight: read, hashed, written, and one spare
 
 
 @dataclass
@@ -90,19 +92,16 @@ def _all_finite(values: torch.Tensor) -> bool:
     return bool(values.isfinite().all())
 
 
-def _stream_piece(sources: _Sources, piece: Piece, out_fd: int, buf: memoryview, digest, finite: list[bool]) -> None:
-    """Copy one piece unchanged (same dtype in and out), hashing and checking for NaN/inf on the way."""
+def _chunks(sources: _Sources, piece: Piece, take: Callable[[], memoryview]):
+    """Read one piece into buffers from `take()` (whole elements per chunk), yielding each filled view."""
     item = piece.nbytes // max(piece.numel, 1)
-    step = (len(buf) // item) * item
     done = 0
     while done < piece.nbytes:
-        n = min(step, piece.nbytes - done)
+        buf = take()
+        n = min((len(buf) // item) * item, piece.nbytes - done)
         view = buf[:n]
         _read_into(sources.fd(piece.file), view, piece.offset + done)
-        if piece.dtype.is_floating_point and finite[0]:
-            finite[0] = _all_finite(torch.frombuffer(view, dtype=piece.dtype))
-        digest.update(view)
-        _write_all(out_fd, view)
+        yield view
         done += n
 
 
@@ -116,6 +115,29 @@ def _cast_pieces(sources: _Sources, plan: TensorPlan) -> bytes:
     return torch.cat(chunks).to(plan.dtype).numpy().tobytes()
 
 
+def output_sha256(plans: list[TensorPlan], metadata: dict[str, str]) -> str:
+    """The sha256 the file `write_safetensors(path, plans, metadata)` would have, reading the same byte ranges
+    without writing anything: whether an existing output already holds exactly what the source would give."""
+    digest = hashlib.sha256(header_bytes(plans, metadata))
+    buf = memoryview(bytearray(CHUNK_BYTES))
+    sources = _Sources()
+    try:
+        for plan in plans:
+            if not all(p.dtype == plan.dtype for p in plan.pieces):
+                digest.update(_cast_pieces(sources, plan))
+                continue
+            for piece in plan.pieces:
+                done = 0
+                while done < piece.nbytes:
+                    view = buf[: min(len(buf), piece.nbytes - done)]
+                    _read_into(sources.fd(piece.file), view, piece.offset + done)
+                    digest.update(view)
+                    done += len(view)
+    finally:
+        sources.close()
+    return digest.hexdigest()
+
+
 def write_safetensors(
     path: Path,
     plans: list[TensorPlan],
@@ -124,33 +146,61 @@ def write_safetensors(
 ) -> WriteResult:
     """Write `plans` to `path` (created exclusively) and fsync it; returns the file's sha256.
 
-    `on_tensor(i, plan)` runs after tensor i's bytes are written (progress, tests).
+    A pipeline over a few buffers: this thread reads each chunk and checks it is finite while one thread
+    hashes the chunks and another writes them, each in stream order (the reads, the hashing and the writes
+    release the interpreter, so they overlap on separate cores). `on_tensor(i, plan)` runs after tensor i's
+    bytes are written (progress, tests), in the writing thread.
     """
     head = header_bytes(plans, metadata)
     digest = hashlib.sha256(head)
-    buf = memoryview(bytearray(CHUNK_BYTES))
+    ring = [memoryview(bytearray(CHUNK_BYTES)) for _ in range(RING)]
+    pending: list[list[Future]] = [[] for _ in range(RING)]  # each buffer's hash and write, until reused
+    turn = [0]
+    callbacks: list[Future] = []
     sources = _Sources()
     non_finite: list[str] = []
     out_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    hashing, writing = ThreadPoolExecutor(1), ThreadPoolExecutor(1)  # one worker each: stream order
+
+    def take() -> memoryview:
+        slot = turn[0] % RING
+        for done in pending[slot]:
+            done.result()  # that buffer's previous chunk is hashed and written (or its error raised here)
+        pending[slot] = []
+        turn[0] += 1
+        return ring[slot]
+
+    def send(data: memoryview | bytes, slot: int | None) -> None:
+        jobs = [hashing.submit(digest.update, data), writing.submit(_write_all, out_fd, memoryview(data))]
+        if slot is not None:
+            pending[slot] = jobs
+
     try:
-        _write_all(out_fd, memoryview(head))
+        writing.submit(_write_all, out_fd, memoryview(head)).result()
         for i, plan in enumerate(plans):
-            finite = [True]
+            finite = True
             if all(p.dtype == plan.dtype for p in plan.pieces):
                 for piece in plan.pieces:
-                    _stream_piece(sources, piece, out_fd, buf, digest, finite)
+                    for view in _chunks(sources, piece, take):
+                        if piece.dtype.is_floating_point and finite:
+                            finite = _all_finite(torch.frombuffer(view, dtype=piece.dtype))
+                        send(view, (turn[0] - 1) % RING)
             else:
                 data = _cast_pieces(sources, plan)
                 if plan.dtype.is_floating_point and data:
-                    finite[0] = _all_finite(torch.frombuffer(bytearray(data), dtype=plan.dtype))
-                digest.update(data)
-                _write_all(out_fd, memoryview(data))
-            if not finite[0]:
+                    finite = _all_finite(torch.frombuffer(bytearray(data), dtype=plan.dtype))
+                send(data, None)
+            if not finite:
                 non_finite.append(plan.name)
             if on_tensor is not None:
-                on_tensor(i, plan)
-        os.fsync(out_fd)
+                callbacks.append(writing.submit(on_tensor, i, plan))
+        for job in (hashing.submit(lambda: None), writing.submit(os.fsync, out_fd)):
+            job.result()
+        for job in [*(j for jobs in pending for j in jobs), *callbacks]:
+            job.result()  # an error of any chunk's hash or write, or of a callback
     finally:
+        hashing.shutdown(wait=True, cancel_futures=True)
+        writing.shutdown(wait=True, cancel_futures=True)
         os.close(out_fd)
         sources.close()
     data_bytes = sum(p.nbytes for p in plans)

@@ -7,8 +7,9 @@ complete and nothing else writes them. The stage
   with the model config and the manifest, and swaps that folder in whole (one atomic exchange), so a kill
   leaves the old folder or the new one, never new weights beside an old config;
 - never writes to the checkpoint folder;
-- skips the work when the manifest already records the same source files (by sha256) and the output still
-  matches its recorded hash;
+- skips the work when the manifest already records the same source layout (files, sizes, where each
+  tensor's bytes lie) and the bytes those ranges hold now give the very output the folder holds (read and
+  hashed, not written): the parts of a shard that never reach the model (Adam's moments) are never read;
 - holds a file lock beside the output folder, so a second run started at the same time waits, then skips;
 - verifies the result: the file's keys, shapes and dtypes load with `strict=True` into the model built
   from `model_config.json`, and every weight is finite; the output's sha256 is taken from the bytes as
@@ -20,6 +21,7 @@ one small buffer, so memory stays flat whatever the model size.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -42,12 +44,12 @@ from fusion_model.layout import (
     TRAIN_SUMMARY,
     WEIGHTS,
 )
-from tasks._io.files import read_json, write_json
+from tasks._io.files import fsync_dir, read_json, write_json
 from tasks._io.folders import recover_dir, swap_dir, temp_dir_beside
 from tasks._io.git import code_version
 from tasks._io.hashing import sha256_file
-from tasks.convert.safetensors_writer import write_safetensors
-from tasks.convert.verify import ModelBuilder, verify_strict
+from tasks.convert.safetensors_writer import output_sha256, write_safetensors
+from tasks.convert.verify import ModelBuilder, build_meta, verify_strict
 from tasks.convert.zero_layout import SourcePlan, TensorPlan, plan_source
 from tasks.errors import StageError
 from tasks.params import ConvertParams
@@ -95,8 +97,20 @@ def rename_for_model(plans: tuple[TensorPlan, ...], model_prefix: str, source: P
     return renamed
 
 
-def _up_to_date(out_dir: Path, identity: dict[str, Any]) -> dict[str, Any] | None:
-    """The existing manifest, when it records this very source and the output still matches it."""
+def _identity(p: ConvertParams, files: tuple[Path, ...], plans: list[TensorPlan], config_path: Path) -> dict[str, Any]:
+    """What the output is made of, short of its bytes: the source files and sizes, where each output tensor's
+    bytes lie in them (its layout), the model config and the prefix stripped."""
+    root = p.checkpoint_dir
+    layout = [[t.name, list(t.shape), str(t.dtype), [[x.file.relative_to(root).as_posix(), x.offset, x.numel,
+                                                      str(x.dtype)] for x in t.pieces]] for t in plans]
+    return {"files": [{"path": f.relative_to(root).as_posix(), "bytes": f.stat().st_size} for f in files],
+            "layout_sha256": hashlib.sha256(json.dumps(layout, separators=(",", ":")).encode()).hexdigest(),
+            "model_config_sha256": sha256_file(config_path), "model_prefix": p.model_prefix}
+
+
+def _up_to_date(out_dir: Path, identity: dict[str, Any], would_write: Callable[[], str]) -> dict[str, Any] | None:
+    """The existing manifest, when it records this source layout, the output in the folder is the one it
+    records, and `would_write()` (the sha256 this source gives now) is that output's."""
     manifest_path, model_file = out_dir / CONVERSION_MANIFEST, out_dir / WEIGHTS
     if not (manifest_path.is_file() and model_file.is_file() and (out_dir / MODEL_CONFIG).is_file()):
         return None
@@ -106,21 +120,10 @@ def _up_to_date(out_dir: Path, identity: dict[str, Any]) -> dict[str, Any] | Non
         return None  # an unreadable manifest: convert again and rewrite it
     if manifest.get("identity") != identity:
         return None
-    if sha256_file(model_file) != manifest.get("output", {}).get("sha256"):
+    recorded = manifest.get("output", {}).get("sha256")
+    if sha256_file(out_dir / MODEL_CONFIG) != identity["model_config_sha256"] or sha256_file(model_file) != recorded:
         return None
-    if sha256_file(out_dir / MODEL_CONFIG) != identity["model_config_sha256"]:
-        return None
-    return manifest
-
-
-def _same_sizes(manifest_path: Path, files: tuple[Path, ...], root: Path) -> bool:
-    """Whether the manifest records exactly these files with these sizes (a cheap hint, not a proof)."""
-    try:
-        recorded = json.loads(manifest_path.read_text())["identity"]["files"]
-    except (FileNotFoundError, json.JSONDecodeError, KeyError, TypeError):
-        return False
-    current = [(str(f.relative_to(root)), f.stat().st_size) for f in files]
-    return [(r.get("path"), r.get("bytes")) for r in recorded] == current
+    return manifest if would_write() == recorded else None
 
 
 def convert(
@@ -170,33 +173,24 @@ def _convert_locked(
 ) -> ConvertSummary:
     out_dir = p.out_dir
     recover_dir(out_dir)  # leftovers of a killed conversion (a half-written folder beside this one)
-    source = plan_source(checkpoint)  # checks the shard set before anything is hashed or written
-    hashed = [*source.files, config_path]
+    source = plan_source(checkpoint)  # checks the shard set before anything is read or written
     model_file, manifest_path = out_dir / WEIGHTS, out_dir / CONVERSION_MANIFEST
-    # Hashing the shards costs about as much as converting them: hash in background threads while the
-    # output is written, unless the manifest already names files of these sizes (then the hashes decide
-    # first whether there is anything to do).
-    with ThreadPoolExecutor(max_workers=max(1, min(len(hashed), os.cpu_count() or 1))) as pool:
-        pending = [pool.submit(sha256_file, f) for f in hashed]
-
-        def identity() -> dict[str, Any]:
-            hashes = [f.result() for f in pending]
-            files = [{"path": str(f.relative_to(p.checkpoint_dir)), "bytes": f.stat().st_size, "sha256": h}
-                     for f, h in zip(source.files, hashes, strict=False)]
-            return {"files": files, "model_config_sha256": hashes[-1], "model_prefix": p.model_prefix}
-
-        if _same_sizes(manifest_path, source.files, p.checkpoint_dir):
-            existing = _up_to_date(out_dir, identity())
-            if existing is not None:
-                return _summary(False, f"up to date: {manifest_path} already records these {len(source.files)} "
-                                "source files with the same sha256; nothing converted", p, source,
-                                existing["output"], started)
-
-        plans = rename_for_model(source.tensors, p.model_prefix, checkpoint)
-        # the checkpoint's name, not its path: the same weights give the same bytes in any clone
-        metadata = {"format": "pt", "source": p.checkpoint_name}
-        staged = temp_dir_beside(out_dir)
-        try:
+    plans = rename_for_model(source.tensors, p.model_prefix, checkpoint)
+    # the checkpoint's name, not its path: the same weights give the same bytes in any clone
+    metadata = {"format": "pt", "source": p.checkpoint_name}
+    source_identity = _identity(p, source.files, plans, config_path)
+    # Only the bytes the output is made of decide whether there is anything to do (Adam's moments, most of a
+    # ZeRO shard, never reach the model file): read them without writing when the layout is the recorded one
+    existing = _up_to_date(out_dir, source_identity, lambda: output_sha256(plans, metadata))
+    if existing is not None:
+        return _summary(False, f"up to date: {manifest_path} already records this source layout and the output "
+                        "its bytes give; nothing converted", p, source, existing["output"], started)
+    staged = temp_dir_beside(out_dir)
+    try:
+        # the model the file must load into is built (its libraries imported) while the bytes stream: the
+        # writer waits on reads, writes and hashing, which release the interpreter
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            model = pool.submit(build_meta, config, build_model, config_path)
             written = write_safetensors(staged / WEIGHTS, plans, metadata, on_tensor)
             if written.non_finite:
                 raise StageError(
@@ -204,41 +198,43 @@ def _convert_locked(
                     f"({', '.join(written.non_finite[:5])}): training diverged. Lower the learning rate or use "
                     "fp32/bf16 precision and re-run training; nothing was written."
                 )
-            verification = verify_strict(staged / WEIGHTS, config, build_model, config_path)
-            source_identity = identity()
-            shutil.copyfile(config_path, staged / MODEL_CONFIG)
-            output = {
-                "file": WEIGHTS,
-                "sha256": written.sha256,
-                "bytes": written.file_bytes,
-                "data_bytes": written.data_bytes,
-                "tensors": len(plans),
-                "parameters": verification["parameters"],
-                "dtype": "float32",
-                # what evaluate and promote check before they trust the folder: these two files belong together
-                "model_config_sha256": source_identity["model_config_sha256"],
-            }
-            manifest = {
-                "created_at": datetime.now(UTC).isoformat(),
-                "code_version": code_version(),
-                "identity": source_identity,
-                "source": {
-                    "checkpoint": str(checkpoint),
-                    "kind": source.kind,
-                    "tag": source.tag,
-                    "zero_stage": source.zero_stage,
-                    "world_size": source.world_size,
-                    "train_summary": {k: v for k, v in train_summary.items() if k != "history"},
-                },
-                "output": output,
-                "verification": {**verification, "all_finite": True},
-                "seconds": round(time.perf_counter() - started, 3),
-            }
-            write_json(staged / CONVERSION_MANIFEST, manifest)
-            # the three files replace the folder together: new weights never meet an old config
-            swap_dir(staged, out_dir)
-        finally:
-            shutil.rmtree(staged, ignore_errors=True)
+            verification = verify_strict(staged / WEIGHTS, model.result(), config_path)
+        shutil.copyfile(config_path, staged / MODEL_CONFIG)
+        output = {
+            "file": WEIGHTS,
+            "sha256": written.sha256,
+            "bytes": written.file_bytes,
+            "data_bytes": written.data_bytes,
+            "tensors": len(plans),
+            "parameters": verification["parameters"],
+            "dtype": "float32",
+            # what evaluate and promote check before they trust the folder: these two files belong together
+            "model_config_sha256": source_identity["model_config_sha256"],
+        }
+        manifest = {
+            "created_at": datetime.now(UTC).isoformat(),
+            "code_version": code_version(),
+            "identity": source_identity,
+            "source": {
+                "checkpoint": str(checkpoint),
+                "kind": source.kind,
+                "tag": source.tag,
+                "zero_stage": source.zero_stage,
+                "world_size": source.world_size,
+                "train_summary": {k: v for k, v in train_summary.items() if k != "history"},
+            },
+            "output": output,
+            "verification": {**verification, "all_finite": True},
+            "seconds": round(time.perf_counter() - started, 3),
+        }
+        write_json(staged / CONVERSION_MANIFEST, manifest)
+        # the three files replace the folder together: new weights never meet an old config
+        with open(staged / MODEL_CONFIG, "rb") as copied:  # the weights and the manifest are fsynced already
+            os.fsync(copied.fileno())
+        fsync_dir(staged)
+        swap_dir(staged, out_dir, flushed=True)  # three files of our own: no machine-wide sync
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
     kind = f"ZeRO stage {source.zero_stage}, {source.world_size} ranks" if source.zero_stage else source.kind
     return _summary(True, f"converted {checkpoint} ({kind}) into {model_file}", p, source, output, started)
 

@@ -29,19 +29,23 @@ class _SkipInit(torch.overrides.TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def verify_strict(model_file: Path, config: dict[str, Any], build_model: ModelBuilder, config_path: Path) -> dict[str, Any]:
-    """Load the written file's keys, shapes and dtypes into the model with strict=True, without its data.
+def build_meta(config: dict[str, Any], build_model: ModelBuilder, config_path: Path) -> torch.nn.Module:
+    """The model of `config` on the meta device: its keys, shapes and dtypes, no data, no memory. Thread-safe
+    (the device and init modes are the calling thread's), so it can be built while the file is written."""
+    with torch.device("meta"), _SkipInit():
+        try:
+            return build_model(config)
+        except Exception as e:
+            raise StageError(f"{config_path}: the model cannot be built from this config ({e}); re-run training.") from None
 
-    The model is built on the meta device and the file's header becomes meta tensors, so this costs no
-    memory; a missing, unexpected or mis-shaped key raises with the key's name.
+
+def verify_strict(model_file: Path, model: torch.nn.Module, config_path: Path) -> dict[str, Any]:
+    """Load the written file's keys, shapes and dtypes into `model` (`build_meta`'s) with strict=True,
+    without its data: the file's header becomes meta tensors, so this costs no memory; a missing,
+    unexpected or mis-shaped key raises with the key's name.
     """
     from safetensors import safe_open
 
-    with torch.device("meta"), _SkipInit():
-        try:
-            model = build_model(config)
-        except Exception as e:
-            raise StageError(f"{config_path}: the model cannot be built from this config ({e}); re-run training.") from None
     expected = model.state_dict()
     tensors = {}
     with safe_open(str(model_file), framework="pt") as f:
