@@ -28,12 +28,8 @@ sys.path.insert(0, str(ROOT))
 
 from fusion_model import checks  # noqa: E402
 from fusion_model.dataset import resolve_schema  # noqa: E402
-from tasks.download.manifest import DATASET_DIRNAME  # noqa: E402
-from tasks.download.synthetic import generate  # noqa: E402
-from tasks.download.synthetic.images import draw_images, encode_jpeg  # noqa: E402
-from tasks.params import SyntheticParams  # noqa: E402
-from tasks.validate.stage import run_suite  # noqa: E402
-from tasks.validate.tables import (  # noqa: E402
+from tasks.checks.run import run_suite  # noqa: E402
+from tasks.checks.tables import (  # noqa: E402
     label_rule,
     mark_seen,
     read_raw,
@@ -42,6 +38,10 @@ from tasks.validate.tables import (  # noqa: E402
     typed_table,
     validation_frame,
 )
+from tasks.download.manifest import DATASET_DIRNAME  # noqa: E402
+from tasks.download.synthetic import generate  # noqa: E402
+from tasks.download.synthetic.images import draw_images, encode_jpeg  # noqa: E402
+from tasks.params import SyntheticParams  # noqa: E402
 
 SCHEMA = resolve_schema({"preset": "petfinder"})
 

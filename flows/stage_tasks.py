@@ -215,7 +215,7 @@ def _score_artifacts(summary: Any) -> None:
 
 
 def validation_markdown(params: ValidateParams) -> str:
-    """The validate stage's own markdown report (tasks.validate.report.render_markdown wrote it)."""
+    """The validate stage's own markdown report (tasks.checks.report.render_markdown wrote it)."""
     report = params.report_dir / "validation.md"
     if report.is_file():
         return report.read_text()

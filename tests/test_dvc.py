@@ -33,7 +33,7 @@ ENTRY_MODULES = {
 }
 # Data files a module reads at run time: a stage importing the module depends on them too.
 DATA_DIRS = {"fusion_model/presets/petfinder.py": "fusion_model/presets/petfinder_codes",
-             "tasks/validate/suite.py": "tasks/validate/suites"}
+             "tasks/checks/suite.py": "tasks/checks/suites"}
 # Folders of data files (their __init__.py only makes them importable resources), not code.
 DATA_PACKAGES = {"fusion_model/presets/petfinder_codes"}
 # The params.yaml sections each stage reads: its own, and for the stages that read the table itself the
@@ -48,10 +48,11 @@ STAGE_PARAMS = {
     "intake": ["dataset", "intake", "download.out_dir", "download.synthetic.seed", "download.synthetic.image_size"],
     "validate": ["dataset", "validate"],
 }
-# Another stage's package a stage runs: an arriving batch is validated with the validate stage's checks inside
-# intake (the drift gate is intake's own), and the intake's folder is built on the download stage's dataset
-# (read through its manifest module; the embedded generator's batches).
-SHARED_PACKAGES = {"intake": {"tasks/validate", "tasks/download"}}
+# Another stage's package a stage runs: the intake's folder is built on the download stage's dataset (read
+# through its manifest module; the embedded generator's batches). The checks an arriving batch and the whole
+# data both go through live in the shared tasks/checks, beside tasks/_io.
+SHARED_PACKAGES = {"intake": {"tasks/download"}}
+SHARED = {"tasks/_io", "tasks/checks"}
 
 
 def _ran(output: str) -> set[str]:
@@ -101,7 +102,7 @@ def test_stage_deps_list_every_module_the_stage_runs(stage: str) -> None:
     if missing_modules:
         pytest.fail(f"{stage}: {missing_modules} not written yet, so its deps cannot be checked")
     deps = set(_stage(stage)["deps"])
-    # code: a module file, or a folder (a stage package, the shared tasks/_io) that holds modules
+    # code: a module file, or a folder (a stage package, the shared tasks/_io and tasks/checks) that holds modules
     code_deps = {d for d in deps if "${" not in d and d not in DATA_PACKAGES
                  and (d.endswith(".py") or any((ROOT / d).rglob("*.py")))}
     needed = project_imports(ENTRY_MODULES[stage])
@@ -115,7 +116,7 @@ def test_stage_deps_list_every_module_the_stage_runs(stage: str) -> None:
     assert not unused, f"dvc.yaml `{stage}` lists code it does not import: {unused}"
     # a folder dep stands for a whole package: only stage packages and the shared one, never a catch-all
     folders = {d for d in code_deps if not d.endswith(".py")}
-    allowed = {"tasks/_io", f"tasks/{stage}", *SHARED_PACKAGES.get(stage, ())}
+    allowed = {*SHARED, f"tasks/{stage}", *SHARED_PACKAGES.get(stage, ())}
     assert folders <= allowed, f"dvc.yaml `{stage}` folder deps {sorted(folders)}"
     data_dirs = {DATA_DIRS[m] for m in needed if m in DATA_DIRS}
     missing_data = sorted(d for d in data_dirs if not any(covered_by(d, dep) for dep in deps))

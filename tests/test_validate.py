@@ -18,11 +18,11 @@ import pytest
 from fusion_model import checks
 from fusion_model.dataset import resolve_schema
 from fusion_model.presets.petfinder import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
+from tasks.checks.report import ValidationReport, render_html, render_markdown
+from tasks.checks.suite import suite_json, suite_path
+from tasks.checks.tables import stratified_split
 from tasks.params import ValidateParams
 from tasks.validate import ValidationError, validate
-from tasks.validate.report import ValidationReport, render_html, render_markdown
-from tasks.validate.suite import suite_json, suite_path
-from tasks.validate.tables import stratified_split
 
 PETFINDER = resolve_schema({"preset": "petfinder"})
 REQUIRED_COLUMNS = [c for c in PETFINDER.table_columns if c not in PETFINDER.checks.optional]
@@ -316,7 +316,7 @@ def test_given_classes_require_every_class_in_training(dataset: Path, tmp_path: 
 # -------------------------------------------------------------------------------- suite and reports
 def test_suite_json_is_regenerated_from_code() -> None:
     path = suite_path(PETFINDER)
-    assert path.read_text() == suite_json(PETFINDER), "run `python -m tasks.validate.write_suite` and review the diff"
+    assert path.read_text() == suite_json(PETFINDER), "run `python -m tasks.checks.write_suite` and review the diff"
     suite = json.loads(path.read_text())
     kinds = {e["type"] for e in suite["expectations"]}
     assert {"expect_column_to_exist", "expect_column_values_to_be_in_set", "expect_column_values_to_be_between",

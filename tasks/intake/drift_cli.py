@@ -20,11 +20,11 @@ from pathlib import Path
 import pandas as pd
 
 from fusion_model.dataset import DatasetSchema, LabelSpec, canonical
+from tasks.checks.tables import LabelRule
 from tasks.intake.drift import drift_gate
 from tasks.intake.drift_report import DriftReport, render_drift_markdown
 from tasks.intake.drift_stats import DriftColumns
 from tasks.params import DriftGateParams, ParamsError, load_params
-from tasks.validate.tables import LabelRule
 
 EXIT_PASSED, EXIT_DRIFTED, EXIT_BAD_INPUT = 0, 1, 2
 _INDEX_NAMES = ("", "Unnamed: 0")

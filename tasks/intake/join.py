@@ -19,10 +19,10 @@ import pandas as pd
 from fusion_model.checks import image_cells
 from fusion_model.dataset import DatasetSchema, split_images
 from tasks._io.folders import recover_dir, swap_dir, temp_dir_beside
+from tasks.checks.run import HOLDOUT_DIR
 from tasks.download.manifest import DATASET_DIRNAME
 from tasks.errors import StageError
 from tasks.intake.accumulated import MANIFEST, record_batch
-from tasks.validate.stage import HOLDOUT_DIR
 
 MAX_NAMED = 8
 

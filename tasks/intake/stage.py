@@ -32,6 +32,16 @@ from fusion_model.checks import image_cells
 from fusion_model.dataset import DatasetSchema, resolve_schema, split_images
 from tasks._io.files import write_text
 from tasks._io.folders import temp_dir_beside
+from tasks.checks.report import failure_message, render_markdown, report_json
+from tasks.checks.run import ValidationError, check_tables
+from tasks.checks.tables import (
+    LabelRule,
+    label_rule,
+    read_raw,
+    training_codes,
+    typed_table,
+    validation_frame,
+)
 from tasks.download.manifest import DATASET_DIRNAME
 from tasks.errors import StageError
 from tasks.intake.accumulated import build_on_base, read_accumulated
@@ -42,16 +52,6 @@ from tasks.intake.feed import Drop, Fetching, list_drops, table_of
 from tasks.intake.join import JoinPlan, JoinRefused, apply_join, next_row_id, plan_join
 from tasks.intake.ledger import JOINED, BatchRecord, Ledger, read_ledger, write_ledger
 from tasks.params import DownloadParams, IntakeParams
-from tasks.validate.report import failure_message, render_markdown, report_json
-from tasks.validate.stage import ValidationError, check_tables
-from tasks.validate.tables import (
-    LabelRule,
-    label_rule,
-    read_raw,
-    training_codes,
-    typed_table,
-    validation_frame,
-)
 
 _INDEX_NAMES = ("",)
 

@@ -1,5 +1,5 @@
-"""Regenerate the PetFinder preset's reviewed suite JSON from `tasks/validate/suite.py`:
-``python -m tasks.validate.write_suite``.
+"""Regenerate the PetFinder preset's reviewed suite JSON from `tasks/checks/suite.py`:
+``python -m tasks.checks.write_suite``.
 
 ``--check`` exits 1 while the file is stale (the test suite checks the same).
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 
 from fusion_model.dataset import resolve_schema
-from tasks.validate.suite import expectation_specs, suite_json, suite_path
+from tasks.checks.suite import expectation_specs, suite_json, suite_path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     if "--check" in argv:
         current = path.read_text() if path.exists() else ""
         if current != text:
-            print(f"{path} is stale: run python -m tasks.validate.write_suite", file=sys.stderr)
+            print(f"{path} is stale: run python -m tasks.checks.write_suite", file=sys.stderr)
             return 1
         return 0
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -17,8 +17,8 @@ from pydantic import BaseModel, Field
 from fusion_model.checks import IMAGE_CHECK_COLUMNS, IMAGE_ISSUE
 from fusion_model.dataset import ROW_ID, DatasetSchema
 from fusion_model.presets import RULES
-from tasks.validate.suite import derived_columns, expectation_key, suite_order
-from tasks.validate.tables import RawTable
+from tasks.checks.suite import derived_columns, expectation_key, suite_order
+from tasks.checks.tables import RawTable
 
 MAX_EXAMPLES = 5
 _MAX_CELL = 120

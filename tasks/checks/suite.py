@@ -5,15 +5,15 @@ reviewable JSON.
 required columns present, the id filled and unique, numbers that parse, codes of `checks.codes`, values in
 `checks.bounds`, texts of at most `checks.max_chars`, the label's set and the classes the training rows
 must hold, categorical values the training rows hold (on the test table, with a tolerance), image files
-safe, present and decodable, and the preset's named row rules. Run ``python -m tasks.validate.write_suite``
-after changing this file or the PetFinder preset to regenerate ``tasks/validate/suites/petfinder.json``;
+safe, present and decodable, and the preset's named row rules. Run ``python -m tasks.checks.write_suite``
+after changing this file or the PetFinder preset to regenerate ``tasks/checks/suites/petfinder.json``;
 a test fails while the two disagree. The label set and the classes a table must contain are suite
 parameters (``$PARAMETER``) filled in at run time from the training table.
 
 Each expectation's ``meta`` carries what it checks and how to fix a failure, in words; the report and
 the error message quote them. A row may name no photo at all: the model masks its image input; every photo
 a row does name must be safe, present and decodable. Per-row verdicts GX cannot compute itself (files,
-numbers among text, a preset's rules) are derived columns (`tasks/validate/tables.py`, `fusion_model.checks`)
+numbers among text, a preset's rules) are derived columns (`tasks/checks/tables.py`, `fusion_model.checks`)
 expected to be true.
 """
 
@@ -27,7 +27,7 @@ from typing import Any
 from fusion_model import checks
 from fusion_model.dataset import ROW_ID, CodeRange, DatasetSchema
 from fusion_model.presets import RULES
-from tasks.validate.tables import IS_NUMBER, SEEN_CODE, VALID_CODE
+from tasks.checks.tables import IS_NUMBER, SEEN_CODE, VALID_CODE
 
 __all__ = ["ROW_ID", "build_suite", "expectation_specs", "suite_json", "suite_name", "suite_parameters"]
 
