@@ -7,6 +7,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from fusion_model.safe_load import key_mismatch
+
 
 def dtype_of(module: nn.Module) -> torch.dtype:
     return next(module.parameters()).dtype
@@ -77,15 +79,9 @@ class ImageEncoder(nn.Module):
         shapes = sorted(f"{k} {tuple(state[k].shape)} (the model has {tuple(own[k].shape)})"
                         for k in set(own) & set(state) if own[k].shape != state[k].shape)
         if missing or unexpected or shapes:
-            def few(keys: list[str]) -> str:
-                return ", ".join(keys[:6]) + (f" and {len(keys) - 6} more" if len(keys) > 6 else "")
-
-            parts = [f"missing keys: {few(missing)}" if missing else "",
-                     f"unexpected keys: {few(unexpected)}" if unexpected else "",
-                     f"shape mismatches: {few(shapes)}" if shapes else ""]
             raise ValueError(f"pretrained weights file {path} does not match train.image_model "
-                             f"{type(self.backbone).__name__} ({'; '.join(p for p in parts if p)}); save the "
-                             "weights of the same timm model (timm.create_model(name).state_dict())")
+                             f"{type(self.backbone).__name__} ({key_mismatch(missing, unexpected, shapes)}); save "
+                             "the weights of the same timm model (timm.create_model(name).state_dict())")
         self.backbone.load_state_dict(state, strict=True)
 
     def train(self, mode: bool = True) -> ImageEncoder:

@@ -60,3 +60,15 @@ def check_checkpoint(checkpoint: Path) -> list[Path]:
     for file in files:
         load_meta(file)
     return files
+
+
+def key_mismatch(missing: list[str], unexpected: list[str], shapes: list[str]) -> str:
+    """"missing keys: ...; unexpected keys: ...; shape mismatches: ..." (the first six of each), or "" when
+    a weights file fits its model: how a strict load's refusal names the keys."""
+    def few(keys: list[str]) -> str:
+        return ", ".join(keys[:6]) + (f" and {len(keys) - 6} more" if len(keys) > 6 else "")
+
+    parts = [f"missing keys: {few(missing)}" if missing else "",
+             f"unexpected keys: {few(unexpected)}" if unexpected else "",
+             f"shape mismatches: {few(shapes)}" if shapes else ""]
+    return "; ".join(p for p in parts if p)

@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from fusion_model.safe_load import key_mismatch
+
 POOLINGS = ("cls", "mean")
 # weights a backbone file may hold that the encoder never uses: BERT's pooler (the encoder pools itself)
 _UNUSED_PREFIXES = ("pooler.",)
@@ -107,10 +109,6 @@ def text_model_entry(path: str | Path, pooling: str, lora: Any = None) -> dict[s
     return {"config": read_config(path), "pooling": pooling, "lora": lora}
 
 
-def _few(keys: list[str]) -> str:
-    return ", ".join(keys[:6]) + (f" and {len(keys) - 6} more" if len(keys) > 6 else "")
-
-
 class TextEncoder(nn.Module):
     """A transformer's pooled output ([CLS] or the mean over real tokens), `out_dim` = its hidden size.
     `weights`: the local folder to load trained weights from, strictly (None: initialised from `config`, as
@@ -161,11 +159,8 @@ class TextEncoder(nn.Module):
         unexpected = sorted(k for k in info.get("unexpected_keys", ()) if not k.startswith(_UNUSED_PREFIXES))
         shapes = sorted(str(k) for k in info.get("mismatched_keys", ()))
         if missing or unexpected or shapes:
-            parts = [f"missing keys: {_few(missing)}" if missing else "",
-                     f"unexpected keys: {_few(unexpected)}" if unexpected else "",
-                     f"shape mismatches: {_few(shapes)}" if shapes else ""]
             raise TextModelError(f"train.text_model {folder}: the weights do not match its config.json "
-                                 f"({'; '.join(p for p in parts if p)}); save the base model's own weights "
+                                 f"({key_mismatch(missing, unexpected, shapes)}); save the base model's own weights "
                                  "(AutoModel.from_pretrained(...).save_pretrained(DIR)) beside its config")
         return backbone
 
