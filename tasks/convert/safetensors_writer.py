@@ -156,7 +156,7 @@ def write_safetensors(
     ring = [memoryview(bytearray(CHUNK_BYTES)) for _ in range(RING)]
     pending: list[list[Future]] = [[] for _ in range(RING)]  # each buffer's hash and write, until reused
     turn = [0]
-    callbacks: list[Future] = []
+    others: list[Future] = []  # callbacks and the jobs of cast tensors (no buffer of the ring)
     sources = _Sources()
     non_finite: list[str] = []
     out_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -174,6 +174,8 @@ def write_safetensors(
         jobs = [hashing.submit(digest.update, data), writing.submit(_write_all, out_fd, memoryview(data))]
         if slot is not None:
             pending[slot] = jobs
+        else:  # bytes of its own (a cast tensor): nothing to recycle, but its errors still count
+            others.extend(jobs)
 
     try:
         writing.submit(_write_all, out_fd, memoryview(head)).result()
@@ -193,10 +195,10 @@ def write_safetensors(
             if not finite:
                 non_finite.append(plan.name)
             if on_tensor is not None:
-                callbacks.append(writing.submit(on_tensor, i, plan))
+                others.append(writing.submit(on_tensor, i, plan))
         for job in (hashing.submit(lambda: None), writing.submit(os.fsync, out_fd)):
             job.result()
-        for job in [*(j for jobs in pending for j in jobs), *callbacks]:
+        for job in [*(j for jobs in pending for j in jobs), *others]:
             job.result()  # an error of any chunk's hash or write, or of a callback
     finally:
         hashing.shutdown(wait=True, cancel_futures=True)
