@@ -45,7 +45,7 @@ def _folder(path: str | Path) -> Path:
 
 def read_tokenizer(path: str | Path) -> tuple[str, int]:
     """The folder's fast tokenizer as JSON (kept in the preprocessing) and its padding id."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoTokenizer
 
     folder = _folder(path)
     _quiet_transformers()
@@ -58,7 +58,7 @@ def read_tokenizer(path: str | Path) -> tuple[str, int]:
     if len(tokenizer) <= len(set(tokenizer.all_special_tokens)):
         raise TextModelError(f"train.text_model {folder}: no tokenizer vocabulary there (tokenizer.json, vocab.txt, "
                              "...); save the model's tokenizer with tokenizer.save_pretrained(DIR)")
-    rows = getattr(AutoConfig.from_pretrained(str(folder), local_files_only=True), "vocab_size", None)
+    rows = read_config(folder).get("vocab_size")
     if rows is not None and len(tokenizer) > rows:
         raise TextModelError(f"train.text_model {folder}: the tokenizer has {len(tokenizer)} tokens but the model's "
                              f"embedding only {rows} rows; save the tokenizer the model was trained with")
