@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 import zlib
 from collections import Counter
+from functools import lru_cache
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,30 @@ def ngrams(text: str, n: int, chars: int = 0) -> list[str]:
         padded = f" {word} "
         grams += [CHAR_MARK + padded[i : i + k] for k in range(1, chars + 1) for i in range(len(padded) - k + 1)]
     return grams
+
+
+@lru_cache(maxsize=1 << 18)
+def _word_ids(word: str, buckets: int, chars: int) -> tuple[int, tuple[int, ...]]:
+    """A word's unigram bucket and its character grams' buckets, in `ngrams` order: words repeat across
+    rows, so each is cut and hashed once (the grams of a few thousand rows otherwise take seconds)."""
+    padded = f" {word} "
+    return _hash(word, buckets), tuple(_hash(CHAR_MARK + padded[i : i + k], buckets)
+                                       for k in range(1, chars + 1) for i in range(len(padded) - k + 1))
+
+
+def hashed_grams(text: str, n: int, chars: int, buckets: int) -> list[list[int]]:
+    """The buckets of `ngrams(text, n, chars)`, in the same order, as blocks: word 1-grams, ..., word
+    n-grams, then the character grams (block k holds the grams of `gram_order` k + 1)."""
+    words = _TOKEN.findall(text.lower())
+    cached = [_word_ids(w, buckets, chars) for w in words]
+    blocks = [[u for u, _ in cached]]
+    for k in range(2, n + 1):
+        blocks.append([_hash(" ".join(words[i : i + k]), buckets) for i in range(len(words) - k + 1)])
+    char_ids: list[int] = []
+    for _, grams in cached if chars else ():
+        char_ids.extend(grams)
+    blocks.append(char_ids)
+    return blocks
 
 
 def gram_order(gram: str, words: int) -> int:
@@ -207,14 +232,26 @@ class Preprocessor:
         table; their idf (smoothed, as scikit-learn's) and n-gram order (the lowest, on a hash collision)."""
         df_count = np.zeros(self.text_buckets, dtype=np.int64)
         order = np.full(self.text_buckets, self.text_ngrams + 2, dtype=np.int64)
+        pending_ids: list[int] = []  # rows' distinct buckets and orders, counted in chunks (numpy, not per row)
+        pending_orders: list[int] = []
+
+        def count() -> None:
+            ids = np.asarray(pending_ids, dtype=np.int64)
+            df_count[:] += np.bincount(ids, minlength=self.text_buckets)
+            np.minimum.at(order, ids, np.asarray(pending_orders, dtype=np.int64))
+            pending_ids.clear()
+            pending_orders.clear()
+
         for text in self._joined(train):
-            seen: dict[int, int] = {}
-            for g in ngrams(text, self.text_ngrams, self.text_chars):
-                h = _hash(g, self.text_buckets)
-                seen[h] = min(seen.get(h, self.text_ngrams + 2), gram_order(g, self.text_ngrams))
-            ids = np.fromiter(seen, dtype=np.int64, count=len(seen))
-            df_count[ids] += 1
-            np.minimum.at(order, ids, np.fromiter(seen.values(), dtype=np.int64, count=len(seen)))
+            blocks = hashed_grams(text, self.text_ngrams, self.text_chars, self.text_buckets)
+            seen: dict[int, int] = {}  # bucket -> its lowest order in the row: the lowest block written last
+            for k in range(len(blocks), 0, -1):
+                seen.update(dict.fromkeys(blocks[k - 1], k))
+            pending_ids.extend(seen)
+            pending_orders.extend(seen.values())
+            if len(pending_ids) > 1 << 20:
+                count()
+        count()
         kept = np.flatnonzero(df_count >= min_df)
         kept = kept[kept > 0]
         rows = np.zeros(self.text_buckets, dtype=np.int64)
@@ -335,7 +372,9 @@ class Preprocessor:
     def _text(self, df: pd.DataFrame) -> tuple[torch.Tensor, torch.Tensor]:
         rows = []
         for text in self._joined(df):
-            counts = Counter(_hash(g, self.text_buckets) for g in ngrams(text, self.text_ngrams, self.text_chars))
+            counts: Counter[int] = Counter()
+            for block in hashed_grams(text, self.text_ngrams, self.text_chars, self.text_buckets):
+                counts.update(block)
             rows.append(list(counts.items())[: self.text_max_features])
         width = max(1, max((len(r) for r in rows), default=1))
         ids = np.zeros((len(rows), width), dtype=np.int64)
