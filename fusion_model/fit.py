@@ -132,16 +132,18 @@ def live_logger(out_dir: Path, resume: bool) -> Any:
     """DVCLive as the Lightning logger (it logs from global rank 0 only, on every strategy): per-step loss
     and learning rate, per-epoch train/val metrics, into `out_dir/dvclive`. No DVC experiment, dvc.yaml or
     report of its own (dvc.yaml declares the files), no Studio (the train stage sets DVC_STUDIO_OFFLINE)."""
-    from dvclive.lightning import DVCLiveLogger
+    from fusion_model.live_logger import LiveLogger
 
-    return DVCLiveLogger(dir=str(out_dir / LIVE_DIR), resume=resume, save_dvc_exp=False, dvcyaml=False,
+    return LiveLogger(dir=str(out_dir / LIVE_DIR), resume=resume, save_dvc_exp=False, dvcyaml=False,
                          report=None, monitor_system=False)
 
 
 def build_module(cfg: TrainConfig, data: ValidatedData, modalities: list[str] | None = None,
-                 schedule_epochs: int | None = None) -> tuple[Preprocessor, dict[str, Any], FusionModule]:
+                 schedule_epochs: int | None = None, linear_start: tuple[Preprocessor, Any] | None = None
+                 ) -> tuple[Preprocessor, dict[str, Any], FusionModule]:
     """The preprocessor fitted on `data.train` (on every rank: deterministic, so all ranks agree without
-    a broadcast) and the training module of a model shaped by it."""
+    a broadcast) and the training module of a model shaped by it (its linear member fitted, started from
+    `linear_start`: the selection's fit and preprocessor)."""
     schema, problem_type = data.schema, data.problem_type
     train_labels = data.labels(data.train)
     pre = Preprocessor.fit(data.train, schema, text_buckets=cfg.text_buckets, image_size=cfg.image_size,
@@ -178,7 +180,8 @@ def build_module(cfg: TrainConfig, data: ValidatedData, modalities: list[str] | 
         module.model.target_mean.fill_(float(np.mean(target)))
         module.model.target_std.fill_(float(np.std(target)) or 1.0)
     if module.model.linear is not None:
-        module.linear_report = fit_linear_member(module.model, pre, data, train_labels, cfg)
+        module.linear_report, module.linear_glm = fit_linear_member(module.model, pre, data, train_labels, cfg,
+                                                                    linear_start)
     return pre, kwargs, module
 
 
@@ -241,7 +244,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     if selection.get("linear"):  # the refit's linear member keeps the penalties validation chose
         chosen = chosen.model_copy(update={"linear_l2": chosen.linear_l2.model_copy(update=selection["linear"]["l2"])})
     return refit(chosen, data, selection["summary"], selection["modalities"], selection["decision"], devices,
-                 on_cuda, selection["max_epochs"])
+                 on_cuda, selection["max_epochs"], selection.get("linear_start"))
 
 
 def select_candidate(cfg: TrainConfig, data: ValidatedData, devices: int, on_cuda: bool) -> dict[str, Any]:
@@ -263,7 +266,7 @@ def select_candidate(cfg: TrainConfig, data: ValidatedData, devices: int, on_cud
         got["summary"] = got["summary"] or json.loads((folder / TRAIN_SUMMARY).read_text())
         done.append({**got, "index": index})
         if int(os.environ.get("LOCAL_RANK", "0")) == 0:  # each host's own copy: a resumed run reads it there
-            write_json(record, done[-1])
+            write_json(record, {k: v for k, v in done[-1].items() if k != "linear_start"})
     best = _best_candidate(done, greater_is_better(metric), cfg.candidate_tolerance)
     table = [{"candidate": d["index"], **cfg.candidates[d["index"]], f"val_{metric}": d["summary"].get("best_score"),
               "best_epoch": d["summary"].get("best_epoch"), "fit_wall_s": d["summary"].get("fit_wall_s")}
@@ -341,18 +344,20 @@ def select(cfg: TrainConfig, data: ValidatedData, devices: int, on_cuda: bool, o
     # ddp_spawn fitted in its workers: their summary reached this process through the file only
     summary = finish.summary or json.loads((out_dir / TRAIN_SUMMARY).read_text())
     return {"summary": summary, "modalities": kwargs["modalities"], "decision": module.model.decision_state(),
-            "max_epochs": max_epochs, "linear": getattr(module, "linear_report", None)}
+            "max_epochs": max_epochs, "linear": getattr(module, "linear_report", None),
+            "linear_start": (pre, module.linear_glm) if hasattr(module, "linear_glm") else None}
 
 
 def refit(cfg: TrainConfig, data: ValidatedData, selection: dict[str, Any], modalities: list[str],
-          fallback_decision: dict[str, list[float]], devices: int, on_cuda: bool, schedule_epochs: int
-          ) -> dict[str, Any]:
+          fallback_decision: dict[str, list[float]], devices: int, on_cuda: bool, schedule_epochs: int,
+          linear_start: tuple[Preprocessor, Any] | None = None) -> dict[str, Any]:
     """The kept model: every labelled row, the selected epoch count, the selected mix and decision rule."""
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     out_dir = Path(cfg.out_dir)
     every = dataclasses.replace(data, train=pd.concat([data.train, data.val]))
     # the selection's schedule, stopped at its best epoch: the refit trains as the kept epoch did
-    pre, kwargs, module = build_module(cfg, every, modalities, schedule_epochs=schedule_epochs)
+    pre, kwargs, module = build_module(cfg, every, modalities, schedule_epochs=schedule_epochs,
+                                       linear_start=linear_start)
     # a selection that validated nothing new (a resumed run already at its last epoch) keeps the last rule
     module.model.load_decision_state(selection.get("decision") or fallback_decision)
     epochs = max(1, selection.get("best_epoch") or selection["epochs"])

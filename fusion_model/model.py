@@ -199,10 +199,13 @@ class FusionModel(nn.Module):
                   "text": lambda: self.text_encoder(batch["text_tokens"], batch["text_attention"])}
         return {name: inputs[name]() for name in self.adapters}
 
-    def head_outputs(self, batch: dict[str, torch.Tensor], mask: Iterable[str] = ()) -> torch.Tensor:
+    def head_outputs(self, batch: dict[str, torch.Tensor], mask: Iterable[str] = (), linear: bool = True
+                     ) -> torch.Tensor:
         """Every head's raw output [batch, heads, width] (fusion_model/heads.py: class logits, ordinal
         cumulative logits, or the standardised regression value); modalities named in ``mask`` contribute
-        zeros, and so does the image of a row whose ``image_mask`` is 0 (a row without photos)."""
+        zeros, and so does the image of a row whose ``image_mask`` is 0 (a row without photos). Without
+        ``linear`` the linear member's head is zeros: a training step's loss leaves it out (it is fitted
+        before training), so computing it there is wasted."""
         mask = set(mask)
         unknown = mask - set(MODALITIES)
         if unknown:
@@ -245,8 +248,10 @@ class FusionModel(nn.Module):
         logits = self.ordinal(logits) if self.ordinal is not None else logits
         if self.linear is None:
             return logits
-        linear = self.linear(getattr(self, "text", None), batch, mask)
-        return torch.cat([logits, linear.to(logits.dtype).unsqueeze(1).expand(logits.shape[0], 1, -1)], dim=1)
+        if not linear:
+            return torch.cat([logits, logits.new_zeros(logits.shape[0], 1, logits.shape[2])], dim=1)
+        out = self.linear(getattr(self, "text", None), batch, mask)
+        return torch.cat([logits, out.to(logits.dtype).unsqueeze(1).expand(logits.shape[0], 1, -1)], dim=1)
 
     def member_view(self, wide: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         """A wide logit [batch, members * width] as [batch, members, width], times each member's scale."""

@@ -77,7 +77,7 @@ class FusionModule(pl.LightningModule):
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         labels = batch["label"]
-        loss = self._loss(self.model.head_outputs(batch), labels)
+        loss = self._loss(self.model.head_outputs(batch, linear=False), labels)
         # per step unsynced (an all-reduce per step costs more than it tells), and per epoch
         self.log("train/loss", loss, on_step=True, on_epoch=True, sync_dist=False, batch_size=labels.shape[0])
         return loss

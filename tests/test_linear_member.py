@@ -155,3 +155,61 @@ def test_a_frequency_key_is_a_code_of_the_linear_member_alone(tmp_path: Path) ->
     assert rescuer_rows.abs().sum() > 0  # fitted: the rescuer carries the label here
     without = build_module(_config(validated, frequency_codes=False), data)[0]
     assert "RescuerID" not in without.categorical_columns
+
+
+def test_the_refit_starts_from_the_selections_fit_and_reaches_the_same_optimum(validated: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
+    import pandas as pd
+    import scipy.optimize
+
+    from fusion_model import wide_fit
+
+    data = ValidatedData.read(validated)
+    cfg = _config(validated, linear_l2={"text": 0.5, "chars": 1.5, "categorical": 0.5, "numerical": 1.5})
+    pre, _, selection = build_module(cfg, data)
+    glm = selection.linear_glm
+    # the same inputs: carried over unchanged
+    same = wide_fit.carried_over(glm, pre, pre, selection.model)
+    assert all(np.array_equal(same.weights[b], glm.weights[b]) for b in glm.weights)
+    iterations: list[int] = []
+    minimize = scipy.optimize.minimize
+
+    def counted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        result = minimize(*args, **kwargs)
+        iterations.append(int(result.nit))
+        return result
+
+    monkeypatch.setattr(wide_fit.scipy.optimize, "minimize", counted)
+    every = dataclasses.replace(data, train=pd.concat([data.train, data.val]))
+    modalities = selection.model.modalities
+    pre_every, _, cold = build_module(cfg, every, modalities)
+    _, _, warm = build_module(cfg, every, modalities, linear_start=(pre, glm))
+    assert iterations[1] < iterations[0]
+    start = wide_fit.carried_over(glm, pre, pre_every, warm.model)
+    # a bucket both keep starts at the selection's weight; one only the refit keeps starts at zero
+    rows_before, rows_after = pre.text_tables["rows"], pre_every.text_tables["rows"]
+    both = np.flatnonzero((rows_before > 0) & (rows_after > 0))
+    only_after = np.flatnonzero((rows_before == 0) & (rows_after > 0))
+    assert len(both) and len(only_after)
+    np.testing.assert_array_equal(start.weights["text"][rows_after[both]], glm.weights["text"][rows_before[both]])
+    assert not start.weights["text"][rows_after[only_after]].any()
+    batch = _batch(every, pre_every, every.train)
+    with torch.no_grad():
+        cold_p = torch.softmax(cold.model.eval().head_outputs(batch)[:, -1], -1)
+        warm_p = torch.softmax(warm.model.eval().head_outputs(batch)[:, -1], -1)
+    assert float((cold_p - warm_p).abs().max()) < 2e-3
+
+
+def test_a_training_step_leaves_the_linear_member_out_at_the_same_loss(validated: Path) -> None:
+    data = ValidatedData.read(validated)
+    pre, _, module = build_module(_config(validated, linear_l2={"text": 0.5, "chars": 0.5, "categorical": 0.5,
+                                                                 "numerical": 0.5}), data)
+    batch = _batch(data, pre, data.train)
+    model = module.model.eval()
+    with torch.no_grad():
+        full, without = model.head_outputs(batch), model.head_outputs(batch, linear=False)
+    assert full.shape == without.shape and not without[:, -1].any() and full[:, -1].abs().sum() > 0
+    assert torch.equal(full[:, :-1], without[:, :-1])
+    assert torch.equal(model.loss(full, batch["label"]), model.loss(without, batch["label"]))
