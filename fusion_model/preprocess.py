@@ -20,8 +20,8 @@ from __future__ import annotations
 import re
 import zlib
 from collections import Counter
-from functools import lru_cache
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 

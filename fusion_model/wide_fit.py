@@ -237,26 +237,31 @@ def carried_over(glm: Glm, before: Preprocessor, after: Preprocessor, model: Fus
             buckets = np.flatnonzero(after.text_tables["rows"])
             new[after.text_tables["rows"][buckets]] = w[before.text_tables["rows"][buckets]]
         elif block == "categorical":
-            old_offset = dict(zip(before.categorical_columns, np.cumsum([0, *before.cardinalities[:-1]])))
+            old_offset = dict(zip(before.categorical_columns, _starts(before.cardinalities), strict=True))
             offset = 0
-            for column, rows in zip(after.categorical_columns, after.cardinalities):
+            for column, rows in zip(after.categorical_columns, after.cardinalities, strict=True):
                 if column in old_offset:
                     old_index = {v: i + 1 for i, v in enumerate(before.vocabularies[column])}
                     pairs = [(0, 0)] + [(i + 1, old_index[v]) for i, v in enumerate(after.vocabularies[column])
                                         if v in old_index]
-                    new_rows, old_rows = (np.asarray(x) for x in zip(*pairs))
+                    new_rows, old_rows = (np.asarray(x) for x in zip(*pairs, strict=True))
                     new[offset + new_rows] = w[old_offset[column] + old_rows]
                 offset += rows
         elif block == "numerical":
-            old_at = {c: (e, o) for c, e, o in zip(before.numeric_columns, before.numeric_bins,
-                                                      np.cumsum([0, *[len(e) - 1 for e in before.numeric_bins[:-1]]]))}
+            starts = _starts([len(e) - 1 for e in before.numeric_bins])
+            old_at = {c: (e, o) for c, e, o in zip(before.numeric_columns, before.numeric_bins, starts, strict=True)}
             offset = 0
-            for column, edges in zip(after.numeric_columns, after.numeric_bins):
+            for column, edges in zip(after.numeric_columns, after.numeric_bins, strict=True):
                 if column in old_at and list(old_at[column][0]) == list(edges):
                     new[offset:offset + len(edges) - 1] = w[old_at[column][1]:old_at[column][1] + len(edges) - 1]
                 offset += len(edges) - 1
         out[block] = new
     return Glm(out, glm.intercept.copy(), glm.loss)
+
+
+def _starts(sizes: list[int]) -> list[int]:
+    """Where each of consecutive blocks of `sizes` rows starts."""
+    return [int(x) for x in np.cumsum([0, *sizes])[:-1]]
 
 
 def fit_linear(model: FusionModel, batch: dict[str, torch.Tensor], labels: torch.Tensor, *,

@@ -63,6 +63,6 @@ def test_preprocessor_text_tables_and_rows_equal_the_definition(n: int, chars: i
     ids, counts = pre._text(df)
     for i, text in enumerate(texts):
         row = list(Counter(_hash(g, buckets) for g in ngrams(text, n, chars)).items())[:max_features]
-        got = [(int(h), float(c)) for h, c in zip(ids[i].tolist(), counts[i].tolist()) if h]
+        got = [(int(h), float(c)) for h, c in zip(ids[i].tolist(), counts[i].tolist(), strict=True) if h]
         assert got == [(h, float(c)) for h, c in row]
     assert ids.dtype == torch.int64 and counts.dtype == torch.float32
