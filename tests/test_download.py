@@ -276,3 +276,36 @@ def test_cli_reports_a_failed_download_without_traceback(server: ZipServer, tmp_
 def test_bad_download_params_are_refused_naming_the_key(bad: dict, key: str) -> None:
     with pytest.raises(ValueError, match=key):
         DownloadParams(**bad)
+
+
+def test_a_pinned_download_already_on_disk_is_kept_and_nothing_fetched(
+    server: ZipServer, tutorial_zip: bytes, tmp_path: Path
+) -> None:
+    server.routes["/petfinder.zip"] = tutorial_zip
+    out = tmp_path / "raw"
+    params = _params(server.url("/petfinder.zip"), out, sha256=_sha(tutorial_zip))
+    assert not download(params).up_to_date
+    before, manifest_inode = _tree(out), (out / "manifest.json").stat().st_ino
+    again = download(params)
+    assert again.up_to_date and again.attempts == 0 and server.hits["/petfinder.zip"] == 1
+    assert _tree(out) == before and (out / "manifest.json").stat().st_ino == manifest_inode
+    assert again.sha256 == _sha(tutorial_zip) and again.rows == {"train": 240, "test": 80}
+    # a damaged file on disk: fetched again and the tree restored
+    damaged = next(p for p in sorted((out / DATASET_DIRNAME).rglob("*")) if p.is_file())
+    damaged.write_bytes(b"damaged")
+    restored = download(params)
+    assert not restored.up_to_date and server.hits["/petfinder.zip"] == 2 and _tree(out) == before
+    # unpinned, the URL may have changed upstream: fetched every run
+    download(_params(server.url("/petfinder.zip"), out))
+    assert server.hits["/petfinder.zip"] == 3
+
+
+def test_the_embedded_table_is_rebuilt_only_when_its_keys_change(tmp_path: Path) -> None:
+    out = tmp_path / "raw"
+    small = SyntheticParams(n_train=20, n_test=10, image_size=8, seed=1)
+    assert not download(DownloadParams(out_dir=out, synthetic=small)).up_to_date
+    before, inode = _tree(out), (out / "manifest.json").stat().st_ino
+    assert download(DownloadParams(out_dir=out, synthetic=small)).up_to_date
+    assert _tree(out) == before and (out / "manifest.json").stat().st_ino == inode
+    other = download(DownloadParams(out_dir=out, synthetic=small.model_copy(update={"seed": 2})))
+    assert not other.up_to_date and _tree(out) != before

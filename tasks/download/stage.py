@@ -5,8 +5,11 @@ PetFinder tutorial zip (optional pinned sha256, retries on transient failures on
 every member checked; ``source: local`` rewrites a table on disk declared by params.yaml ``dataset:``. Either way the new tree is built in a staging folder beside ``out_dir`` and swapped in by
 renames only when complete, so ``out_dir`` is never half-written and a failed run leaves the
 previous one in place. ``manifest.json`` records the source, hashes, row counts and label counts, with
-no timestamps: the same input gives the same bytes (DVC sees no change). Only this stage writes
-``out_dir``: arriving batches join the intake stage's own folder (``intake.out_dir``), built on this one.
+no timestamps: the same input gives the same bytes (DVC sees no change). A run that would rebuild the very
+same tree (the embedded table with the same keys, or a URL whose pinned sha256 the tree was extracted from,
+every file as the manifest hashed it) keeps it and fetches nothing: a nightly run does not download the
+same archive every night. Only this stage writes ``out_dir``: arriving batches join the intake stage's own
+folder (``intake.out_dir``), built on this one.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pydantic import BaseModel
 
 from fusion_model.dataset import DatasetSchema, resolve_schema
 from tasks._io.folders import recover_dir, swap_dir, temp_dir_beside
+from tasks._io.hashing import file_hashes
 from tasks.download.local import from_local
 from tasks.download.manifest import DATASET_DIRNAME, read_manifest, write_manifest
 from tasks.download.synthetic import generate
@@ -39,6 +43,7 @@ class DownloadSummary(BaseModel):
     seconds: float
     url: str | None = None
     attempts: int | None = None
+    up_to_date: bool = False  # the tree on disk was already this source's: kept, nothing fetched or rewritten
 
 
 def download(p: DownloadParams, dataset: DatasetSchema | None = None) -> DownloadSummary:
@@ -49,7 +54,8 @@ def download(p: DownloadParams, dataset: DatasetSchema | None = None) -> Downloa
     schema = dataset or resolve_schema({"preset": "petfinder"})
     out_dir = Path(p.out_dir)
     recover_dir(out_dir)  # an earlier run killed mid-swap: put its previous tree back, drop its leftovers
-    origin = _build_base(p, out_dir, schema)
+    kept = up_to_date(p, out_dir, schema)
+    origin = kept if kept is not None else _build_base(p, out_dir, schema)
     manifest = read_manifest(out_dir) or {}
     return DownloadSummary(
         source=p.source,
@@ -61,8 +67,30 @@ def download(p: DownloadParams, dataset: DatasetSchema | None = None) -> Downloa
         files=len(manifest["files"]),
         seconds=round(time.perf_counter() - start, 3),
         url=origin.get("url"),
-        attempts=origin.get("attempts"),
+        attempts=0 if kept is not None else origin.get("attempts"),
+        up_to_date=kept is not None,
     )
+
+
+def up_to_date(p: DownloadParams, out_dir: Path, schema: DatasetSchema) -> dict[str, Any] | None:
+    """The manifest of `out_dir` when this run would rebuild the same bytes, else None: the same base (the
+    params and the declared table), for `url` a pinned sha256 the tree came from, and every file as the
+    manifest hashed it (a changed or missing file rebuilds). `local` tables and unpinned URLs may change
+    without their params changing: they are always read again."""
+    if p.source == "local" or (p.source == "url" and not p.sha256):
+        return None
+    try:
+        manifest = read_manifest(out_dir)
+    except StageError:  # unreadable: rebuilt
+        return None
+    if not manifest or manifest.get("base") != base_origin(p, schema):
+        return None
+    if p.source == "url" and manifest.get("archive_sha256") != (p.sha256 or "").lower():
+        return None
+    dataset = out_dir / DATASET_DIRNAME
+    if not dataset.is_dir() or file_hashes(dataset) != manifest.get("files"):
+        return None
+    return manifest
 
 
 def base_origin(p: DownloadParams, schema: DatasetSchema) -> dict[str, Any]:
