@@ -82,6 +82,38 @@ class FusionDataset(Dataset):
         return item
 
 
+class BatchedFusionDataset(FusionDataset):
+    """The training and validation rows, a batch at a time: the DataLoader calls `__getitems__` with a batch's
+    indices, and the tensors are indexed together (one image normalisation per batch) instead of a dict per
+    row collated afterwards, which took a sixth of a training step on a 2-core machine. The same tensors,
+    and the same random draws in the same order, as the rows one by one."""
+
+    def __getitems__(self, indices: list[int]) -> dict[str, torch.Tensor]:
+        index = torch.as_tensor(indices, dtype=torch.int64)
+        images = self.pre.normalise(torch.stack([self.image(i) for i in indices]))
+        if self.train:  # one draw per row, in order, as __getitem__ makes them
+            flip = torch.tensor([bool(torch.rand(()) < 0.5) for _ in indices])
+            images[flip] = images[flip].flip(-1)
+        batch = {
+            "image": images,
+            "image_mask": self.image_mask[index],
+            "categorical": self.categorical[index],
+            "numeric": self.numeric[index],
+            "text_ids": self.text_ids[index],
+            "text_counts": self.text_counts[index],
+        }
+        if self.tokens is not None:
+            batch["text_tokens"], batch["text_attention"] = self.tokens[0][index], self.tokens[1][index]
+        if self.labels is not None:
+            batch["label"] = self.labels[index]
+        return batch
+
+
+def whole_batch(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The collate function of a `BatchedFusionDataset`: its batch is already whole."""
+    return batch
+
+
 @dataclass(frozen=True)
 class ValidatedData:
     """The validate stage's output folder, read and checked once."""
@@ -157,15 +189,15 @@ class FusionDataModule(pl.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if not hasattr(self, "train_set"):
             data = self.data
-            self.train_set = FusionDataset(data.train, self.pre, data.dataset_root, train=True,
-                                           labels=data.labels(data.train))
-            self.val_set = FusionDataset(data.val, self.pre, data.dataset_root, labels=data.labels(data.val))
+            self.train_set = BatchedFusionDataset(data.train, self.pre, data.dataset_root, train=True,
+                                                  labels=data.labels(data.train))
+            self.val_set = BatchedFusionDataset(data.val, self.pre, data.dataset_root, labels=data.labels(data.val))
 
     def _loader(self, dataset: FusionDataset, train: bool) -> DataLoader:
         # drop_last in training: a last batch of one row breaks BatchNorm backbones
         return DataLoader(
             dataset, batch_size=self.batch_size, shuffle=train, num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0, drop_last=train,
+            persistent_workers=self.num_workers > 0, drop_last=train, collate_fn=whole_batch,
         )
 
     def train_dataloader(self) -> DataLoader:
