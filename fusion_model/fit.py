@@ -180,8 +180,7 @@ def build_module(cfg: TrainConfig, data: ValidatedData, modalities: list[str] | 
         module.model.target_mean.fill_(float(np.mean(target)))
         module.model.target_std.fill_(float(np.std(target)) or 1.0)
     if module.model.linear is not None:
-        module.linear_report, module.linear_glm = fit_linear_member(module.model, pre, data, train_labels, cfg,
-                                                                    linear_start)
+        module.linear_report, module.linear_glm = fit_linear_member(module.model, pre, data, train_labels, cfg, linear_start)
     return pre, kwargs, module
 
 
@@ -356,8 +355,7 @@ def refit(cfg: TrainConfig, data: ValidatedData, selection: dict[str, Any], moda
     out_dir = Path(cfg.out_dir)
     every = dataclasses.replace(data, train=pd.concat([data.train, data.val]))
     # the selection's schedule, stopped at its best epoch: the refit trains as the kept epoch did
-    pre, kwargs, module = build_module(cfg, every, modalities, schedule_epochs=schedule_epochs,
-                                       linear_start=linear_start)
+    pre, kwargs, module = build_module(cfg, every, modalities, schedule_epochs=schedule_epochs, linear_start=linear_start)
     # a selection that validated nothing new (a resumed run already at its last epoch) keeps the last rule
     module.model.load_decision_state(selection.get("decision") or fallback_decision)
     epochs = max(1, selection.get("best_epoch") or selection["epochs"])

@@ -17,11 +17,8 @@ statistics; a row without photos gets a blank image and a mask of 0, so the mode
 
 from __future__ import annotations
 
-import re
-import zlib
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +28,8 @@ import torch
 from PIL import Image
 
 from fusion_model.dataset import DatasetSchema, canonical, row_images, sort_classes
+from fusion_model.text_grams import hashed_grams
 
-_TOKEN = re.compile(r"[a-z0-9]+")
-CHAR_MARK = "\x01"  # before a character gram: a word gram holds only [a-z0-9 ]
 # ImageNet statistics: a fixed, documented choice that also suits a local pretrained weights file.
 IMAGE_MEAN = (0.485, 0.456, 0.406)
 IMAGE_STD = (0.229, 0.224, 0.225)
@@ -46,54 +42,6 @@ def _frequency_key(df: pd.DataFrame, column: str) -> pd.Series:
     if column not in df.columns:
         return pd.Series("", index=df.index, dtype=object)
     return df[column].map(canonical)
-
-
-def _hash(gram: str, buckets: int) -> int:
-    return 1 + zlib.crc32(gram.encode()) % (buckets - 1)
-
-
-def ngrams(text: str, n: int, chars: int = 0) -> list[str]:
-    """Word 1..n-grams of `text` (lower-cased `[a-z0-9]+` words), in order of appearance; then, with
-    `chars`, the 1..chars-character grams of each word padded with a space (scikit-learn's `char_wb`),
-    marked so that they never hash as a word does: they catch a word's spelling variants and stems, which
-    lifted a linear model of real reviews (BENCHMARKS.md)."""
-    words = _TOKEN.findall(text.lower())
-    grams = list(words)
-    for k in range(2, n + 1):
-        grams += [" ".join(words[i : i + k]) for i in range(len(words) - k + 1)]
-    for word in words if chars else ():
-        padded = f" {word} "
-        grams += [CHAR_MARK + padded[i : i + k] for k in range(1, chars + 1) for i in range(len(padded) - k + 1)]
-    return grams
-
-
-@lru_cache(maxsize=1 << 18)
-def _word_ids(word: str, buckets: int, chars: int) -> tuple[int, tuple[int, ...]]:
-    """A word's unigram bucket and its character grams' buckets, in `ngrams` order: words repeat across
-    rows, so each is cut and hashed once (the grams of a few thousand rows otherwise take seconds)."""
-    padded = f" {word} "
-    return _hash(word, buckets), tuple(_hash(CHAR_MARK + padded[i : i + k], buckets)
-                                       for k in range(1, chars + 1) for i in range(len(padded) - k + 1))
-
-
-def hashed_grams(text: str, n: int, chars: int, buckets: int) -> list[list[int]]:
-    """The buckets of `ngrams(text, n, chars)`, in the same order, as blocks: word 1-grams, ..., word
-    n-grams, then the character grams (block k holds the grams of `gram_order` k + 1)."""
-    words = _TOKEN.findall(text.lower())
-    cached = [_word_ids(w, buckets, chars) for w in words]
-    blocks = [[u for u, _ in cached]]
-    for k in range(2, n + 1):
-        blocks.append([_hash(" ".join(words[i : i + k]), buckets) for i in range(len(words) - k + 1)])
-    char_ids: list[int] = []
-    for _, grams in cached if chars else ():
-        char_ids.extend(grams)
-    blocks.append(char_ids)
-    return blocks
-
-
-def gram_order(gram: str, words: int) -> int:
-    """A gram's block in the text weighting: its word count, or `words + 1` for a character gram."""
-    return words + 1 if gram.startswith(CHAR_MARK) else gram.count(" ") + 1
 
 
 def _integer_valued(values: pd.Series) -> bool:

@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 import torch
 
-from fusion_model.preprocess import Preprocessor, _hash, gram_order, hashed_grams, ngrams
+from fusion_model.preprocess import Preprocessor
+from fusion_model.text_grams import _hash, gram_order, hashed_grams, ngrams
 
 TEXTS = ["", "  ", "a", "Über café naïve 123 x-y", "the the the", "a b a b a b c",
          "Friendly puppy, loves kids! Vaccinated & dewormed; 3 months old. Call 012-345 6789.",

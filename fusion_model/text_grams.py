@@ -1,0 +1,61 @@
+"""The text's hashed n-grams: the joined text columns lower-cased, cut into word 1..n-grams and (with
+`chars`) each word's character grams, each hashed into a bucket with crc32 (stable everywhere, no vocabulary
+to download). `ngrams` is the definition; `hashed_grams` gives its buckets, cutting and hashing each distinct
+word once."""
+
+from __future__ import annotations
+
+import re
+import zlib
+from functools import lru_cache
+
+_TOKEN = re.compile(r"[a-z0-9]+")
+CHAR_MARK = "\x01"  # before a character gram: a word gram holds only [a-z0-9 ]
+
+
+def _hash(gram: str, buckets: int) -> int:
+    return 1 + zlib.crc32(gram.encode()) % (buckets - 1)
+
+
+def ngrams(text: str, n: int, chars: int = 0) -> list[str]:
+    """Word 1..n-grams of `text` (lower-cased `[a-z0-9]+` words), in order of appearance; then, with
+    `chars`, the 1..chars-character grams of each word padded with a space (scikit-learn's `char_wb`),
+    marked so that they never hash as a word does: they catch a word's spelling variants and stems, which
+    lifted a linear model of real reviews (BENCHMARKS.md)."""
+    words = _TOKEN.findall(text.lower())
+    grams = list(words)
+    for k in range(2, n + 1):
+        grams += [" ".join(words[i : i + k]) for i in range(len(words) - k + 1)]
+    for word in words if chars else ():
+        padded = f" {word} "
+        grams += [CHAR_MARK + padded[i : i + k] for k in range(1, chars + 1) for i in range(len(padded) - k + 1)]
+    return grams
+
+
+@lru_cache(maxsize=1 << 18)
+def _word_ids(word: str, buckets: int, chars: int) -> tuple[int, tuple[int, ...]]:
+    """A word's unigram bucket and its character grams' buckets, in `ngrams` order: words repeat across
+    rows, so each is cut and hashed once (the grams of a few thousand rows otherwise take seconds)."""
+    padded = f" {word} "
+    return _hash(word, buckets), tuple(_hash(CHAR_MARK + padded[i : i + k], buckets)
+                                       for k in range(1, chars + 1) for i in range(len(padded) - k + 1))
+
+
+def hashed_grams(text: str, n: int, chars: int, buckets: int) -> list[list[int]]:
+    """The buckets of `ngrams(text, n, chars)`, in the same order, as blocks: word 1-grams, ..., word
+    n-grams, then the character grams (block k holds the grams of `gram_order` k + 1)."""
+    words = _TOKEN.findall(text.lower())
+    cached = [_word_ids(w, buckets, chars) for w in words]
+    blocks = [[u for u, _ in cached]]
+    for k in range(2, n + 1):
+        blocks.append([_hash(" ".join(words[i : i + k]), buckets) for i in range(len(words) - k + 1)])
+    char_ids: list[int] = []
+    for _, grams in cached if chars else ():
+        char_ids.extend(grams)
+    blocks.append(char_ids)
+    return blocks
+
+
+def gram_order(gram: str, words: int) -> int:
+    """A gram's block in the text weighting: its word count, or `words + 1` for a character gram."""
+    return words + 1 if gram.startswith(CHAR_MARK) else gram.count(" ") + 1
