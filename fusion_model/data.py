@@ -67,18 +67,22 @@ class FusionDataset(Dataset):
         image = self.pre.normalise(self.image(i))
         if self.train and torch.rand(()) < 0.5:
             image = image.flip(-1)  # horizontal flip only: colour and lighting carry signal
+        return self._inputs(i, image)
+
+    def _inputs(self, index: int | torch.Tensor, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The model's inputs of a row (an int) or of rows (a tensor of indices), beside their images."""
         item = {
-            "image": image,
-            "image_mask": self.image_mask[i],
-            "categorical": self.categorical[i],
-            "numeric": self.numeric[i],
-            "text_ids": self.text_ids[i],
-            "text_counts": self.text_counts[i],
+            "image": images,
+            "image_mask": self.image_mask[index],
+            "categorical": self.categorical[index],
+            "numeric": self.numeric[index],
+            "text_ids": self.text_ids[index],
+            "text_counts": self.text_counts[index],
         }
         if self.tokens is not None:
-            item["text_tokens"], item["text_attention"] = self.tokens[0][i], self.tokens[1][i]
+            item["text_tokens"], item["text_attention"] = self.tokens[0][index], self.tokens[1][index]
         if self.labels is not None:
-            item["label"] = self.labels[i]
+            item["label"] = self.labels[index]
         return item
 
 
@@ -89,24 +93,11 @@ class BatchedFusionDataset(FusionDataset):
     and the same random draws in the same order, as the rows one by one."""
 
     def __getitems__(self, indices: list[int]) -> dict[str, torch.Tensor]:
-        index = torch.as_tensor(indices, dtype=torch.int64)
         images = self.pre.normalise(torch.stack([self.image(i) for i in indices]))
         if self.train:  # one draw per row, in order, as __getitem__ makes them
             flip = torch.tensor([bool(torch.rand(()) < 0.5) for _ in indices])
             images[flip] = images[flip].flip(-1)
-        batch = {
-            "image": images,
-            "image_mask": self.image_mask[index],
-            "categorical": self.categorical[index],
-            "numeric": self.numeric[index],
-            "text_ids": self.text_ids[index],
-            "text_counts": self.text_counts[index],
-        }
-        if self.tokens is not None:
-            batch["text_tokens"], batch["text_attention"] = self.tokens[0][index], self.tokens[1][index]
-        if self.labels is not None:
-            batch["label"] = self.labels[index]
-        return batch
+        return self._inputs(torch.as_tensor(indices, dtype=torch.int64), images)
 
 
 def whole_batch(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
