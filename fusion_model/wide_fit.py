@@ -229,32 +229,30 @@ def carried_over(glm: Glm, before: Preprocessor, after: Preprocessor, model: Fus
     code's weights where both preprocessors keep it, a number's where its bins are the same, zeros for the
     rest. The refit's preprocessor, fitted on more rows, keeps more of them; started there its L-BFGS
     converges to the same optimum in fewer iterations than from zeros."""
+    assert model.linear is not None
     out: dict[str, np.ndarray] = {}
     for block, w in glm.weights.items():
-        assert model.linear is not None
         new = np.zeros((model.linear.weight(block).shape[0], w.shape[1]))
         if block in ("text", "chars") and before.text_tables is not None and after.text_tables is not None:
             buckets = np.flatnonzero(after.text_tables["rows"])
             new[after.text_tables["rows"][buckets]] = w[before.text_tables["rows"][buckets]]
         elif block == "categorical":
-            old_offset = dict(zip(before.categorical_columns, _starts(before.cardinalities), strict=True))
-            offset = 0
-            for column, rows in zip(after.categorical_columns, after.cardinalities, strict=True):
-                if column in old_offset:
+            old_start = dict(zip(before.categorical_columns, _starts(before.cardinalities), strict=True))
+            for column, start in zip(after.categorical_columns, _starts(after.cardinalities), strict=True):
+                if column in old_start:
                     old_index = {v: i + 1 for i, v in enumerate(before.vocabularies[column])}
                     pairs = [(0, 0)] + [(i + 1, old_index[v]) for i, v in enumerate(after.vocabularies[column])
                                         if v in old_index]
                     new_rows, old_rows = (np.asarray(x) for x in zip(*pairs, strict=True))
-                    new[offset + new_rows] = w[old_offset[column] + old_rows]
-                offset += rows
+                    new[start + new_rows] = w[old_start[column] + old_rows]
         elif block == "numerical":
-            starts = _starts([len(e) - 1 for e in before.numeric_bins])
-            old_at = {c: (e, o) for c, e, o in zip(before.numeric_columns, before.numeric_bins, starts, strict=True)}
-            offset = 0
-            for column, edges in zip(after.numeric_columns, after.numeric_bins, strict=True):
-                if column in old_at and list(old_at[column][0]) == list(edges):
-                    new[offset:offset + len(edges) - 1] = w[old_at[column][1]:old_at[column][1] + len(edges) - 1]
-                offset += len(edges) - 1
+            old_bins = dict(zip(before.numeric_columns, before.numeric_bins, strict=True))
+            old_start = dict(zip(before.numeric_columns, _starts([len(e) - 1 for e in before.numeric_bins]),
+                                 strict=True))
+            starts = _starts([len(e) - 1 for e in after.numeric_bins])
+            for column, edges, start in zip(after.numeric_columns, after.numeric_bins, starts, strict=True):
+                if column in old_bins and list(old_bins[column]) == list(edges):
+                    new[start:start + len(edges) - 1] = w[old_start[column]:old_start[column] + len(edges) - 1]
         out[block] = new
     return Glm(out, glm.intercept.copy(), glm.loss)
 

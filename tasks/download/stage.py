@@ -56,7 +56,7 @@ def download(p: DownloadParams, dataset: DatasetSchema | None = None) -> Downloa
     recover_dir(out_dir)  # an earlier run killed mid-swap: put its previous tree back, drop its leftovers
     kept = up_to_date(p, out_dir, schema)
     origin = kept if kept is not None else _build_base(p, out_dir, schema)
-    manifest = read_manifest(out_dir) or {}
+    manifest = kept if kept is not None else (read_manifest(out_dir) or {})  # a kept tree's was just read
     return DownloadSummary(
         source=p.source,
         out_dir=str(out_dir),
