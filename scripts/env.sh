@@ -10,6 +10,14 @@ VENV="$ROOT/.venv"
 LOCK="$ROOT/requirements.lock"
 STAMP="$VENV/.installed-$(cat pyproject.toml "$LOCK" | sha256sum | cut -c1-16)"
 if [ ! -f "$STAMP" ]; then
+  # The locked set (torch with its CUDA libraries) takes ~7 GiB: refuse before a half-written venv does.
+  NEED_GIB="${FUSION_INSTALL_MIN_FREE_GIB:-8}"
+  FREE_GIB=$(( $(df -Pk "$ROOT" | awk 'NR == 2 {print $4}') / 1048576 ))
+  if [ "$FREE_GIB" -lt "$NEED_GIB" ] && [ ! -x "$VENV/bin/python" ]; then
+    echo "[env] $VENV needs ~$NEED_GIB GiB to install requirements.lock, but $(df -P "$ROOT" | awk 'NR == 2 {print $6}')" \
+         "has only $FREE_GIB GiB free (df -h $ROOT): free some space (old clones, /tmp) and run again" >&2
+    exit 1
+  fi
   echo "[env] installing requirements.lock into $VENV (first time ~4 min on 2 cores; later runs reuse it)" >&2
   [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
   # The locked pip first (the venv's bundled pip 23 takes ~1.7x the CPU for the same install), then exactly
