@@ -12,10 +12,11 @@ STAMP="$VENV/.installed-$(cat pyproject.toml "$LOCK" | sha256sum | cut -c1-16)"
 if [ ! -f "$STAMP" ]; then
   # The locked set (torch with its CUDA libraries) takes ~7 GiB: refuse before a half-written venv does.
   NEED_GIB="${FUSION_INSTALL_MIN_FREE_GIB:-8}"
-  FREE_GIB=$(( $(df -Pk "$ROOT" | awk 'NR == 2 {print $4}') / 1048576 ))
+  read -r FREE_KB MOUNT < <(df -Pk "$ROOT" | awk 'NR == 2 {print $4, $6}')
+  FREE_GIB=$(( FREE_KB / 1048576 ))
   if [ "$FREE_GIB" -lt "$NEED_GIB" ] && [ ! -x "$VENV/bin/python" ]; then
-    echo "[env] $VENV needs ~$NEED_GIB GiB to install requirements.lock, but $(df -P "$ROOT" | awk 'NR == 2 {print $6}')" \
-         "has only $FREE_GIB GiB free (df -h $ROOT): free some space (old clones, /tmp) and run again" >&2
+    echo "[env] $VENV needs ~$NEED_GIB GiB to install requirements.lock, but $MOUNT has only $FREE_GIB GiB" \
+         "free (df -h $ROOT): free some space (old clones, /tmp) and run again" >&2
     exit 1
   fi
   echo "[env] installing requirements.lock into $VENV (first time ~4 min on 2 cores; later runs reuse it)" >&2
