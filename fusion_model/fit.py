@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import signal
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +46,7 @@ from fusion_model.loopback import bind_stores_to_master_addr
 from fusion_model.metrics import greater_is_better
 from fusion_model.module import FusionModule, balanced_class_weight, metric_name, monitor_mode
 from fusion_model.preprocess import Preprocessor
-from fusion_model.processes import die_with_parent
+from fusion_model.processes import die_with_parent, end_process
 from fusion_model.safe_load import check_checkpoint
 from fusion_model.strategies import build_strategy
 from fusion_model.summary import FinishRun
@@ -396,4 +395,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    end_process(main())  # a rank whose work is written is not failed by its interpreter's teardown
