@@ -154,7 +154,7 @@ def peer_side(result: dict[str, Any], validated: Path) -> dict[str, Any]:
         raise SystemExit(f"the peer scored {got.metric}, the network {result['metric']}: bench/peer/runner.py is stale")
     ratio = result["fusion"] / got.score if got.score else float("nan")
     return {"score": got.score, "ratio": round(ratio, 4), "fit_wall_s": got.fit_wall_s, "cached": got.cached,
-            "best_model": got.best_model}
+            "best_model": got.best_model, "metrics": got.metrics}
 
 
 def single_modalities(spec: dict[str, Any], work: Path, result: dict[str, Any]) -> dict[str, float]:
@@ -226,6 +226,9 @@ def main() -> int:
             p = r["peer"]
             print(f"  AutoGluon-Tabular {p['score']:.4f}: network / peer {p['ratio']:.3f}; wall train "
                   f"{r['seconds']['train']} s vs peer fit {p['fit_wall_s']} s ({p['best_model']})", flush=True)
+            if p["metrics"].get("log_loss") is not None:  # steadier than a rare class's F1 or a kappa
+                print(f"  test log loss: network {r['fusion_metrics']['log_loss']:.4f}, "
+                      f"peer {p['metrics']['log_loss']:.4f}", flush=True)
         if "single_modality_val" in r:
             print("  best validation score per model: " + ", ".join(
                 f"{m} {v:.4f}" for m, v in r["single_modality_val"].items()), flush=True)

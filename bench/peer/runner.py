@@ -65,6 +65,7 @@ class PeerResult:
     cached: bool
     best_model: str
     folder: Path
+    metrics: dict[str, float | None]  # every test metric evaluate reports (log loss beside the primary)
 
 
 def _meta(validated: Path) -> dict:
@@ -96,8 +97,9 @@ def _class_index(values: pd.Series, classes: list) -> np.ndarray:
     return values.map(lambda v: lookup[str(v)]).to_numpy(dtype=np.int64)
 
 
-def score(validated: Path, predictions: pd.DataFrame) -> tuple[str, float]:
-    """The peer's test score with fusion_model.metrics, as evaluate scores the network."""
+def score(validated: Path, predictions: pd.DataFrame) -> tuple[str, dict[str, float | None]]:
+    """The peer's primary metric's name and every test metric, with fusion_model.metrics, as evaluate scores
+    the network."""
     sys.path.insert(0, str(ROOT))
     from fusion_model.metrics import compute_metrics, primary_metric_name
 
@@ -114,7 +116,7 @@ def score(validated: Path, predictions: pd.DataFrame) -> tuple[str, float]:
             proba = predictions[[f"proba_{c}" for c in classes]].to_numpy(float)
         got = compute_metrics(_class_index(test[label], classes), _class_index(predictions["prediction"], classes),
                               problem, len(classes), proba)
-    return name, float(got[name])
+    return name, got
 
 
 def fit(validated: Path, cache_dir: Path, time_limit: int = TIME_LIMIT_S, venv: Path = ROOT / ".venv-peer"
@@ -152,6 +154,6 @@ def fit(validated: Path, cache_dir: Path, time_limit: int = TIME_LIMIT_S, venv: 
         shutil.rmtree(work / "models", ignore_errors=True)  # hundreds of MB of fitted models; the scores stay
         os.replace(work, folder)
     info = json.loads((folder / "fit.json").read_text())
-    name, value = score(validated, pd.read_csv(folder / "predictions.csv", index_col=0))
-    return PeerResult(score=value, metric=name, fit_wall_s=info["fit_wall_s"], cached=cached,
-                      best_model=info["best_model"], folder=folder)
+    name, metrics = score(validated, pd.read_csv(folder / "predictions.csv", index_col=0))
+    return PeerResult(score=float(metrics[name]), metric=name, fit_wall_s=info["fit_wall_s"], cached=cached,
+                      best_model=info["best_model"], folder=folder, metrics=metrics)
