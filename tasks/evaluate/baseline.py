@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from PIL import Image
+from sklearn.dummy import DummyClassifier
 from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.linear_model import LogisticRegression, Ridge
@@ -90,8 +91,10 @@ def _linear(task: Task, seed: int) -> LogisticRegression | OneVsRestClassifier |
 def _score(model: object, x: object, task: Task) -> np.ndarray:
     """A linear model's output as stacking features: class probabilities (one redundant column dropped), or
     the predicted number as one column."""
-    if task.classifies:
-        return model.predict_proba(x)[:, 1:]  # type: ignore[attr-defined]
+    if task.classifies:  # a fold may lack a rare class (one training row): its column stays 0
+        proba = np.zeros((x.shape[0], task.num_classes))  # type: ignore[attr-defined]
+        proba[:, model.classes_] = model.predict_proba(x)  # type: ignore[attr-defined]
+        return proba[:, 1:]
     return model.predict(x)[:, None]  # type: ignore[attr-defined]
 
 
@@ -109,10 +112,18 @@ def _out_of_fold(x_train: object, tests: list[object], y: np.ndarray, task: Task
     width = task.num_classes - 1 if task.classifies else 1
     oof = np.zeros((len(y), width))
     for fit_rows, score_rows in _folds(y, task, seed).split(np.zeros(len(y)), y):
-        model = _linear(task, seed).fit(x_train[fit_rows], y[fit_rows])  # type: ignore[index]
+        model = _fitted_linear(x_train[fit_rows], y[fit_rows], task, seed)  # type: ignore[index]
         oof[score_rows] = _score(model, x_train[score_rows], task)  # type: ignore[index]
-    model = _linear(task, seed).fit(x_train, y)
+    model = _fitted_linear(x_train, y, task, seed)
     return oof, [_score(model, x, task) for x in tests]
+
+
+def _fitted_linear(x: object, y: np.ndarray, task: Task, seed: int) -> object:
+    """The linear model fitted on (x, y); the classes' training shares where the rows hold one class only
+    (a logistic regression needs two)."""
+    if task.classifies and len(np.unique(y)) < 2:
+        return DummyClassifier(strategy="prior").fit(x, y)
+    return _linear(task, seed).fit(x, y)
 
 
 def _text_scores(train: pd.DataFrame, tests: list[pd.DataFrame], y: np.ndarray, task: Task, columns: list[str],

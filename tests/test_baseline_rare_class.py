@@ -1,0 +1,41 @@
+"""Evaluate's classical baseline on a table with a class of one training row (a merged `other` class of a
+real catalogue): its out-of-fold text scores fit folds without that class, and every class keeps its column."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fusion_model.dataset import resolve_schema
+from tasks.evaluate.baseline import fit_and_score
+
+WORDS = {0: "wool coat warm scarf", 1: "linen shorts light sandals", 2: "rain jacket umbrella boots",
+         3: "gift voucher card"}
+
+
+def _table(labels: list[int], seed: int) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame({
+        "name": [f"{WORDS[y]} item{rng.integers(0, 50)}" for y in labels],
+        "kind": [f"k{(y + rng.integers(0, 2)) % 4}" for y in labels],
+        "x": rng.normal(0, 1, len(labels)) + np.asarray(labels),
+    })
+
+
+# training rows per class (the last has one); the classes of the validation and test rows
+@pytest.mark.parametrize("problem_type, counts, seen", [("multiclass", (30, 30, 19, 1), 3), ("binary", (79, 1), 2)])
+def test_a_class_with_one_training_row_keeps_its_column(problem_type: str, counts: tuple[int, ...], seen: int,
+                                                         tmp_path: Path) -> None:
+    schema = resolve_schema({"preset": None, "id": None, "label": {"column": "y", "problem_type": problem_type},
+                             "columns": {"text": ["name"], "categorical": ["kind"], "numerical": ["x"]}})
+    y_train = np.repeat(np.arange(len(counts)), counts)
+    y_val, y_test = np.resize(np.arange(seen), 30), np.resize(np.arange(seen), 40)
+    got = fit_and_score(_table(list(y_train), 0), _table(list(y_val), 1), _table(list(y_test), 2), y_train, y_val,
+                        schema, problem_type, len(counts), seed=0, images_root=tmp_path)
+    proba = got.predictions.proba
+    assert proba.shape == (len(y_test), len(counts)) and np.allclose(proba.sum(1), 1.0)
+    common = y_test < len(counts) - 1  # the words give the common classes away
+    assert (got.predictions.prediction[common] == y_test[common]).mean() > 0.9
