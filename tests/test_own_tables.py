@@ -222,6 +222,22 @@ def test_labels_that_cannot_be_learned_are_refused(products: Path, tmp_path: Pat
         _validate(tmp_path / "raw", tmp_path, refuse)
 
 
+def test_a_class_no_training_row_holds_is_merged_like_a_rare_one(products: Path, tmp_path: Path) -> None:
+    """A split can put a class's only row in the test table: with rare classes merged, it is one of them."""
+    _download(products, tmp_path / "raw")
+    test = tmp_path / "raw" / DATASET_DIRNAME / "test.csv"
+    frame = pd.read_csv(test, index_col=0, keep_default_na=False, dtype=str)
+    frame.iloc[0, frame.columns.get_loc("season")] = "Monsoon"
+    frame.to_csv(test)
+    _validate(tmp_path / "raw", tmp_path)
+    typed = pd.read_parquet(tmp_path / "validated" / "test.parquet")
+    assert typed.loc[typed["row_id"] == int(frame.index[0]), "season"].tolist() == ["other"]
+    # without a merged class there is no class to put it in: refused, the row named
+    kept = {**PRODUCTS, "label": {**PRODUCTS["label"], "min_class_rows": 2}}
+    with pytest.raises(ValidationError, match=r"column 'season': expected label among the classes.*'Monsoon'"):
+        _validate(tmp_path / "raw", tmp_path, kept)
+
+
 def test_a_regression_label_is_a_number_in_every_row(products: Path, tmp_path: Path) -> None:
     priced = {**PRODUCTS, "label": {"column": "price", "problem_type": "regression", "transform": "log1p"},
               "columns": {**PRODUCTS["columns"], "numerical": ["year"], "categorical": ["colour", "season"]},

@@ -122,8 +122,9 @@ class LabelRule:
             negative = text.isin(self.negative) if self.negative is not None else ~positive & (text != "")
             # a value in neither list keeps its own text: the suite's label check names its row
             return text.mask(positive, "1").mask(negative, "0")
-        if self.merged:
-            text = text.where(~text.isin(self.merged), self.other_class or "")
+        if self.merged:  # a class no training row holds (a split's lone row) is rarer still: merged as well
+            known = {canonical(c) for c in self.classes} | {""}
+            text = text.where(text.isin(known), self.other_class or "")
         if self.dropped:
             text = text.where(~text.isin(self.dropped), "")
         return text
