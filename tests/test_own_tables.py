@@ -76,6 +76,15 @@ def _validate(out: Path, tmp_path: Path, dataset: dict | None = None) -> object:
                                    report_dir=tmp_path / "reports"), resolve_schema(dataset or PRODUCTS))
 
 
+def _set_cell(raw: Path, split: str, row: int, column: str, value: str) -> pd.DataFrame:
+    """Write `value` into one cell (the row's position) of a downloaded split's CSV; the edited table."""
+    path = raw / DATASET_DIRNAME / f"{split}.csv"
+    frame = pd.read_csv(path, index_col=0, keep_default_na=False, dtype=str)
+    frame.iloc[row, frame.columns.get_loc(column)] = value
+    frame.to_csv(path)
+    return frame
+
+
 def test_a_table_of_another_schema_is_read_and_validated(products: Path, tmp_path: Path) -> None:
     summary = _download(products, tmp_path / "raw")
     dataset = tmp_path / "raw" / DATASET_DIRNAME
@@ -178,10 +187,7 @@ def test_duplicate_ids_are_refused_naming_the_rows(products: Path, tmp_path: Pat
 
 def test_text_in_a_numerical_column_is_refused_naming_the_rows(products: Path, tmp_path: Path) -> None:
     _download(products, tmp_path / "raw")
-    train = tmp_path / "raw" / DATASET_DIRNAME / "train.csv"
-    frame = pd.read_csv(train, index_col=0, keep_default_na=False, dtype=str)
-    frame.iloc[4, frame.columns.get_loc("price")] = "about 20 EUR"
-    frame.to_csv(train)
+    frame = _set_cell(tmp_path / "raw", "train", 4, "price", "about 20 EUR")
     with pytest.raises(ValidationError) as info:
         _validate(tmp_path / "raw", tmp_path)
     message = str(info.value)
@@ -225,10 +231,7 @@ def test_labels_that_cannot_be_learned_are_refused(products: Path, tmp_path: Pat
 def test_a_class_no_training_row_holds_is_merged_like_a_rare_one(products: Path, tmp_path: Path) -> None:
     """A split can put a class's only row in the test table: with rare classes merged, it is one of them."""
     _download(products, tmp_path / "raw")
-    test = tmp_path / "raw" / DATASET_DIRNAME / "test.csv"
-    frame = pd.read_csv(test, index_col=0, keep_default_na=False, dtype=str)
-    frame.iloc[0, frame.columns.get_loc("season")] = "Monsoon"
-    frame.to_csv(test)
+    frame = _set_cell(tmp_path / "raw", "test", 0, "season", "Monsoon")
     _validate(tmp_path / "raw", tmp_path)
     typed = pd.read_parquet(tmp_path / "validated" / "test.parquet")
     assert typed.loc[typed["row_id"] == int(frame.index[0]), "season"].tolist() == ["other"]
@@ -246,10 +249,7 @@ def test_a_regression_label_is_a_number_in_every_row(products: Path, tmp_path: P
     summary = _validate(tmp_path / "raw", tmp_path, priced)
     assert summary.problem_type == "regression" and summary.classes == []
     assert pd.read_parquet(tmp_path / "validated" / "train.parquet")["price"].dtype == "float64"
-    train = tmp_path / "raw" / DATASET_DIRNAME / "train.csv"
-    frame = pd.read_csv(train, index_col=0, keep_default_na=False, dtype=str)
-    frame.iloc[2, frame.columns.get_loc("price")] = "n/a"
-    frame.to_csv(train)
+    _set_cell(tmp_path / "raw", "train", 2, "price", "n/a")
     with pytest.raises(ValidationError, match="column 'price': expected the label is a number"):
         _validate(tmp_path / "raw", tmp_path, priced)
     # a column of words declared as a regression label: the type that fits is named, not "fill every cell"
