@@ -91,11 +91,17 @@ def _linear(task: Task, seed: int) -> LogisticRegression | OneVsRestClassifier |
 def _score(model: object, x: object, task: Task) -> np.ndarray:
     """A linear model's output as stacking features: class probabilities (one redundant column dropped), or
     the predicted number as one column."""
-    if task.classifies:  # a fold may lack a rare class (one training row): its column stays 0
-        proba = np.zeros((x.shape[0], task.num_classes))  # type: ignore[attr-defined]
-        proba[:, model.classes_] = model.predict_proba(x)  # type: ignore[attr-defined]
-        return proba[:, 1:]
+    if task.classifies:
+        return _class_proba(model, x, task)[:, 1:]
     return model.predict(x)[:, None]  # type: ignore[attr-defined]
+
+
+def _class_proba(model: object, x: object, task: Task) -> np.ndarray:
+    """Probabilities over every class of the task: a class the model's rows lacked (a rare class missing
+    from a fold) keeps its column, at 0."""
+    proba = np.zeros((x.shape[0], task.num_classes))  # type: ignore[attr-defined]
+    proba[:, model.classes_] = model.predict_proba(x)  # type: ignore[attr-defined]
+    return proba
 
 
 def _folds(y: np.ndarray, task: Task, seed: int) -> StratifiedKFold | KFold:
@@ -275,8 +281,7 @@ def fit_and_score(train: pd.DataFrame, val: pd.DataFrame, test: pd.DataFrame, y_
 
 def _predict(gbdt: object, x: pd.DataFrame, task: Task) -> Predictions:
     if task.classifies:
-        proba = np.zeros((len(x), task.num_classes))
-        proba[:, gbdt.classes_] = gbdt.predict_proba(x)  # type: ignore[attr-defined]
+        proba = _class_proba(gbdt, x, task)
         return Predictions(prediction=proba.argmax(1), proba=proba,
                            score=proba[:, 1] if task.problem_type == "binary" else None)
     value = gbdt.predict(x)  # type: ignore[attr-defined]
