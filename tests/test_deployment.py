@@ -41,7 +41,7 @@ ARTIFACT_KEYS = {
 # a learning rate too small to learn anything in one epoch, and four epochs instead of one.
 WORSE = {"train": {"lr": 1e-7}}
 BETTER = {"train": {"max_epochs": 4}}
-LONG = {"train": {"max_epochs": 200}}  # the run that is killed once its first epoch is saved
+LONG = {"train": {"max_epochs": 200, "early_stopping_patience": None}}  # killed once its first epoch is saved
 
 
 @dataclass

@@ -73,6 +73,21 @@ def test_without_refit_the_best_validated_epoch_is_kept(tiny_validated: Path, tm
     assert config["preprocess"] == build_module(_config(tiny_validated, out), ValidatedData.read(tiny_validated))[0].to_dict()
 
 
+def test_selection_stops_after_patience_epochs_without_a_better_score_and_refits_the_best_one(
+        tiny_validated: Path, tmp_path: Path) -> None:
+    out = tmp_path / "ckpt"
+    # a learning rate below float32's resolution moves no weight, and without the image no batch norm's
+    # statistics move either: every epoch validates exactly as the first one did
+    summary = train(_config(tiny_validated, out, max_epochs=6, early_stopping_patience=2, lr=1e-12,
+                            modalities=["tabular", "text"]))
+    on_disk = json.loads((out / "train_summary.json").read_text())
+    scores = [h["val/roc_auc"] for h in on_disk["history"]]
+    assert [h["epoch"] for h in on_disk["history"]] == [1, 2, 3] and len(set(scores)) == 1
+    assert summary.stopped_early and summary.epochs == 3
+    # the first of equal scores is the best epoch, and the refit trains that many epochs
+    assert summary.best_epoch == 1 and summary.refit is not None and summary.refit["epochs"] == 1
+
+
 def test_candidates_are_each_selected_and_the_best_validated_one_is_refitted(
         tiny_validated: Path, tmp_path: Path) -> None:
     out = tmp_path / "ckpt"
