@@ -62,8 +62,18 @@ class TextLogit(nn.Module):
         return rows, weights
 
     def forward(self, ids: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        rows, weights = self.row_weights(ids, counts, chars=False)
-        return self.bag(rows, per_sample_weights=weights.to(self.bag.weight.dtype))
+        rows, offsets, weights = bag_entries(*self.row_weights(ids, counts, chars=False))
+        # through the module, so ZeRO-3 gathers its partitioned table first
+        return self.bag(rows, offsets, per_sample_weights=weights.to(self.bag.weight.dtype))
+
+
+def bag_entries(rows: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A [rows, width] batch's entries of non-zero weight as an embedding bag's flat (rows, offsets,
+    weights): padding and the grams a block leaves out are most of the batch, and the bag's backward sorts
+    and accumulates every entry it is given. The same sums."""
+    keep = weights != 0
+    per_row = keep.sum(1)
+    return rows[keep], torch.cumsum(per_row, 0) - per_row, weights[keep]
 
 
 class CategoryLogit(nn.Module):
@@ -139,7 +149,9 @@ class LinearMember(nn.Module):
             weight = self.weight(block)
             if block == "text":
                 rows, weights = value  # type: ignore[misc]
-                out = nn.functional.embedding_bag(rows, weight, per_sample_weights=weights.to(weight.dtype), mode="sum")
+                flat, offsets, flat_weights = bag_entries(rows, weights)
+                out = nn.functional.embedding_bag(flat, weight, offsets, mode="sum",
+                                                  per_sample_weights=flat_weights.to(weight.dtype))
             elif block == "categorical":
                 out = nn.functional.embedding(value, weight).sum(1)  # type: ignore[arg-type]
             else:

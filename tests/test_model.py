@@ -515,3 +515,25 @@ def test_bins_follow_the_labels_and_fit_a_table_smaller_than_the_bin_count() -> 
     tiny = _bin_edges(z[:32], 64, labels[:32], ordered=False, min_rows=8)  # 32 rows, 64 bins asked
     assert len(tiny) >= 2 and tiny == sorted(tiny)
     assert _bin_edges(np.zeros(5), 64, None, ordered=False, min_rows=8) == [-1.0, 1.0]  # one value: one bin
+
+
+def test_the_text_logit_sums_only_the_grams_it_weighs_and_gives_their_gradients() -> None:
+    """The bag is given the entries of non-zero weight alone (no padding, no character grams): the same sums
+    and gradients as weighing every entry of the padded batch."""
+    from fusion_model.wide import TextLogit
+
+    torch.manual_seed(0)
+    text = TextLogit(buckets=64, vocab_size=12, num_classes=3, max_order=2, chars=True)
+    text.load_tables(rows=np.arange(64) % 12, idf=np.linspace(0.5, 2.0, 12).astype(np.float32),
+                     order=np.array([0, 1, 1, 1, 1, 2, 2, 2, 2, 1, 1, 2]))  # orders 1 (words) and 2 (characters)
+    torch.nn.init.normal_(text.bag.weight)
+    ids = torch.tensor([[3, 5, 7, 9, 0, 0], [0, 0, 0, 0, 0, 0], [5, 6, 0, 0, 0, 0], [1, 2, 3, 4, 10, 11]])
+    counts = (ids > 0).float() * torch.tensor([1.0, 2.0, 1.0, 3.0, 1.0, 1.0])
+    rows, weights = text.row_weights(ids, counts, chars=False)
+    expected = (weights.unsqueeze(-1) * text.bag.weight[rows]).sum(1)
+    (expected_grad,) = torch.autograd.grad(expected.square().sum(), text.bag.weight)
+    got = text(ids, counts)
+    (grad,) = torch.autograd.grad(got.square().sum(), text.bag.weight)
+    assert torch.allclose(got, expected, atol=1e-6) and torch.allclose(grad, expected_grad, atol=1e-6)
+    assert got[1].abs().sum() == 0 and got[2].abs().sum() == 0  # only padding / only character grams
+    assert expected_grad[[5, 6, 7, 8, 11]].abs().sum() == 0 and grad.abs().sum() > 0
