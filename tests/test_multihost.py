@@ -349,7 +349,8 @@ def test_a_host_killed_mid_training_ends_every_rank_and_changes_nothing(lab: Hos
     before = _state_of_checkpoints(lab)
     staging = lab.node_workspace(h0) / "data/.checkpoints.staging"
     shutil.rmtree(staging, ignore_errors=True)  # an earlier run's last.ckpt must not be taken for this one's
-    flow_run_id = lab.submit("retrain/on-demand", overrides={"train": {"max_epochs": 200, "early_stopping_patience": None}})
+    flow_run_id = lab.submit("retrain/on-demand",
+                             overrides={"train": {"max_epochs": 200, "early_stopping_patience": None}})
     saved = staging / "last.ckpt"
     _wait_until(lambda: saved.is_dir() and lab.ranks(h0) and lab.ranks(h1), 600,
                 "both hosts training past their first epoch")
