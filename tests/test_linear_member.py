@@ -213,3 +213,53 @@ def test_a_training_step_leaves_the_linear_member_out_at_the_same_loss(validated
     assert full.shape == without.shape and not without[:, -1].any() and full[:, -1].abs().sum() > 0
     assert torch.equal(full[:, :-1], without[:, :-1])
     assert torch.equal(model.loss(full, batch["label"]), model.loss(without, batch["label"]))
+
+
+def test_inputs_no_row_holds_are_left_out_of_the_fit_and_stay_zero(validated: Path) -> None:
+    import scipy.sparse as sp
+
+    from fusion_model import wide_fit
+
+    data = ValidatedData.read(validated)
+    l2 = {"text": 0.5, "chars": 1.5, "categorical": 0.5, "numerical": 1.5}
+    pre, _, module = build_module(_config(validated, linear_l2=l2), data)
+    model = module.model
+    x = design(model, _batch(data, pre, data.train))
+    problem = wide_fit._Problem(model, torch.as_tensor(data.labels(data.train)), {})
+    held = {b: np.flatnonzero(np.diff(m.tocsc().indptr)) for b, m in x.items()}
+    assert all(len(held[b]) < x[b].shape[1] for b in ("text", "chars"))  # the shared table: most rows unused
+    fit = wide_fit._fit(x, problem, l2)
+    # a fit of only the columns some row holds, as its own problem: the same optimum
+    compact = wide_fit._fit({b: sp.csr_matrix(m[:, held[b]]) for b, m in x.items()}, problem, l2)
+    for b in x:
+        assert not np.delete(fit.weights[b], held[b], axis=0).any()
+        np.testing.assert_allclose(fit.weights[b][held[b]], compact.weights[b], atol=1e-4)
+    # a start with weight on an input no row holds (a bucket the selection kept, the refit's rows lack):
+    # its optimum is zero, and the fit lands there
+    start = wide_fit.Glm({b: w.copy() for b, w in fit.weights.items()}, fit.intercept.copy(), fit.loss)
+    unused = np.setdiff1d(np.arange(x["text"].shape[1]), held["text"])[:10]
+    start.weights["text"][unused] = 1.0
+    again = wide_fit._fit(x, problem, l2, start)
+    assert not again.weights["text"][unused].any()
+    np.testing.assert_allclose(again.weights["text"], fit.weights["text"], atol=1e-4)
+
+
+def test_the_penalties_are_compared_between_converged_fits(validated: Path) -> None:
+    """Each fit of the walk starts from the one before: stopped early, it stays near its start, and the
+    comparison would turn on where the walk came from. Every penalty tried scores as a fit from zeros."""
+    from fusion_model import wide_fit
+
+    data = ValidatedData.read(validated)
+    pre, _, module = build_module(_config(validated), data)
+    model, report = module.model, module.linear_report
+    x = design(model, _batch(data, pre, data.train))
+    val = design(model, _batch(data, pre, data.val))
+    problem = wide_fit._Problem(model, torch.as_tensor(data.labels(data.train)), {})
+    val_problem = wide_fit._Problem(model, torch.as_tensor(data.labels(data.val)), {})
+    chosen: dict[str, float] = {}
+    for block in ("text", "chars", "categorical", "numerical"):
+        part = {b: x[b] for b in [*chosen, block]}
+        for value, walked in report["tried"][block].items():
+            cold = wide_fit._fit(part, problem, {**chosen, block: float(value)})
+            assert abs(val_problem.loss(cold, {b: val[b] for b in part}) - walked) < 1e-3
+        chosen[block] = report["l2"][block]
