@@ -132,9 +132,10 @@ class LinearMember(nn.Module):
         grams' apart), the codes' rows of `categorical_weight`, the numbers' encodings [rows, bins]."""
         out: dict[str, object] = {}
         if self.text_weight is not None and text is not None:
-            if split_chars and text.char_order is not None:
-                out["text"] = text.row_weights(batch["text_ids"], batch["text_counts"], chars=False)
-                out["chars"] = text.row_weights(batch["text_ids"], batch["text_counts"], words=False)
+            if split_chars and text.char_order is not None:  # weighed once, then apart
+                rows, weights = text.row_weights(batch["text_ids"], batch["text_counts"])
+                is_char = (text.order[rows].clamp(0, text.max_order) == text.char_order).to(weights.dtype)
+                out["text"], out["chars"] = (rows, weights * (1 - is_char)), (rows, weights * is_char)
             else:
                 out["text"] = text.row_weights(batch["text_ids"], batch["text_counts"])
         if self.categorical_weight is not None:

@@ -32,7 +32,7 @@ from fusion_model.config import TrainConfig
 from fusion_model.data import ValidatedData
 from fusion_model.model import FusionModel
 from fusion_model.preprocess import Preprocessor
-from fusion_model.wide import LINEAR_BLOCKS
+from fusion_model.wide import LINEAR_BLOCKS, bag_entries
 
 # penalties tried on the validation rows (L2 per training row: logistic regression's 1 / (2 C)), per block
 L2_GRIDS = {
@@ -58,12 +58,11 @@ def design(model: FusionModel, batch: dict[str, torch.Tensor]) -> Design:
     for name, value in dense.items():
         if name in ("text", "chars"):
             rows, weights = value
-            n, width = rows.shape
-            matrix = sp.csr_matrix((weights.double().numpy().ravel(),
-                                    (np.repeat(np.arange(n), width), rows.numpy().ravel())),
-                                   shape=(n, model.linear.weight(name).shape[0]))
-            matrix.sum_duplicates()
-            matrix.eliminate_zeros()  # the other kind of gram of the shared table
+            flat, offsets, flat_weights = bag_entries(rows, weights)  # padding and the other kind of gram left out
+            indptr = np.append(offsets.numpy(), len(flat))
+            matrix = sp.csr_matrix((flat_weights.double().numpy(), flat.numpy(), indptr),
+                                   shape=(rows.shape[0], model.linear.weight(name).shape[0]))
+            matrix.sum_duplicates()  # two grams of a row hashed to one bucket
         elif name == "categorical":
             n, cols = value.shape
             matrix = sp.csr_matrix((np.ones(n * cols), (np.repeat(np.arange(n), cols), value.numpy().ravel())),
