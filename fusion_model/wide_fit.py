@@ -171,7 +171,7 @@ def _fit(x: Design, problem: _Problem, l2: dict[str, float], start: Glm | None =
 
     done = scipy.optimize.minimize(objective, theta0, jac=True, method="L-BFGS-B",
                                    options={"maxiter": MAX_ITER, "ftol": FTOL, "gtol": 1e-5})
-    weights = {}
+    weights: dict[str, np.ndarray] = {}
     for b, w in unpack(done.x).items():
         weights[b] = np.zeros((x[b].shape[1], width))
         weights[b][used[b]] = w
