@@ -45,10 +45,24 @@ class TextLogit(nn.Module):
         self.idf.copy_(torch.from_numpy(idf))
         self.order.copy_(torch.from_numpy(order))
 
-    def row_weights(self, ids: torch.Tensor, counts: torch.Tensor, chars: bool = True, words: bool = True
+    def row_weights(self, ids: torch.Tensor, counts: torch.Tensor, chars: bool = True
                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Each n-gram's row of the table and its weight [rows, width] (0 for padding and rare buckets, and
-        for the character grams without `chars`, the word grams without `words`)."""
+        for the character grams without `chars`)."""
+        rows, weights, is_char = self._weighed(ids, counts)
+        if is_char is not None and not chars:
+            weights = weights * (~is_char).to(weights.dtype)
+        return rows, weights
+
+    def split_weights(self, ids: torch.Tensor, counts: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`row_weights` weighed once and given apart: the rows, the word grams' weights, the character grams'."""
+        rows, weights, is_char = self._weighed(ids, counts)
+        char = is_char.to(weights.dtype) if is_char is not None else torch.zeros_like(weights)
+        return rows, weights * (1 - char), weights * char
+
+    def _weighed(self, ids: torch.Tensor, counts: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         rows = self.rows[ids]
         tf = torch.where(counts > 0, 1 + torch.log(counts.clamp_min(1)), torch.zeros_like(counts))
         weights = tf * self.idf[rows]
@@ -56,10 +70,7 @@ class TextLogit(nn.Module):
         norms = torch.zeros(weights.shape[0], self.max_order + 1, dtype=weights.dtype, device=weights.device)
         norms = norms.scatter_add(1, order, weights * weights).sqrt().clamp_min(1e-6)
         weights = weights / norms.gather(1, order)
-        if self.char_order is not None and not (chars and words):
-            is_char = order == self.char_order
-            weights = weights * (is_char if chars else ~is_char).to(weights.dtype)
-        return rows, weights
+        return rows, weights, (order == self.char_order) if self.char_order is not None else None
 
     def forward(self, ids: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         rows, offsets, weights = bag_entries(*self.row_weights(ids, counts, chars=False))
@@ -132,10 +143,9 @@ class LinearMember(nn.Module):
         grams' apart), the codes' rows of `categorical_weight`, the numbers' encodings [rows, bins]."""
         out: dict[str, object] = {}
         if self.text_weight is not None and text is not None:
-            if split_chars and text.char_order is not None:  # weighed once, then apart
-                rows, weights = text.row_weights(batch["text_ids"], batch["text_counts"])
-                is_char = (text.order[rows].clamp(0, text.max_order) == text.char_order).to(weights.dtype)
-                out["text"], out["chars"] = (rows, weights * (1 - is_char)), (rows, weights * is_char)
+            if split_chars and text.char_order is not None:
+                rows, words, chars = text.split_weights(batch["text_ids"], batch["text_counts"])
+                out["text"], out["chars"] = (rows, words), (rows, chars)
             else:
                 out["text"] = text.row_weights(batch["text_ids"], batch["text_counts"])
         if self.categorical_weight is not None:
