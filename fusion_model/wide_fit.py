@@ -144,7 +144,7 @@ def _fit(x: Design, problem: _Problem, l2: dict[str, float], start: Glm | None =
     gram, or under min_df), and L-BFGS-B's own work grows with every unknown."""
     n, width, scale = next(iter(x.values())).shape[0], problem.width, problem.penalty_scale
     names = list(x)
-    used = {b: np.flatnonzero(np.diff(x[b].tocsc().indptr)) for b in names}
+    used = {b: np.flatnonzero(np.bincount(x[b].indices, minlength=x[b].shape[1])) for b in names}
     held = {b: x[b][:, used[b]] for b in names}
     sizes = [len(used[b]) * width for b in names]
     cuts = np.concatenate([[0], np.cumsum(sizes)])
