@@ -32,6 +32,7 @@ from fusion_model.config import TrainConfig
 from fusion_model.data import ValidatedData
 from fusion_model.model import FusionModel
 from fusion_model.preprocess import Preprocessor
+from fusion_model.rank_sums import RankSums, rank_sums
 from fusion_model.wide import LINEAR_BLOCKS, bag_entries
 
 # penalties tried on the validation rows (L2 per training row: logistic regression's 1 / (2 C)), per block
@@ -81,11 +82,16 @@ class Glm:
 
 
 class _Problem:
-    """The loss of a GLM's logits under the network's head (torch autograd on the [rows, width] logits)."""
+    """The loss of a GLM's logits under the network's head (torch autograd on the [rows, width] logits), on
+    this rank's share of the rows: `sums` adds the ranks' parts into the mean over every rank's rows."""
 
-    def __init__(self, model: FusionModel, labels: torch.Tensor, loss_kwargs: dict) -> None:
+    def __init__(self, model: FusionModel, labels: torch.Tensor, loss_kwargs: dict, sums: RankSums | None = None
+                 ) -> None:
         assert model.linear is not None
         self.problem_type, self.labels, self.kwargs = model.problem_type, labels, loss_kwargs
+        self.sums = sums or RankSums()
+        self.rows = int(self.sums.sum(np.array([len(labels)]))[0])  # every rank's
+        self.share = len(labels) / self.rows
         # binary's two softmax logits, both penalised, have their optimum at w1 = -w0: fitted as one logit u
         # (the logits -u, u; the penalty l2 |w0|^2 + l2 |w1|^2 = 2 l2 |u|^2), half the unknowns, the same model
         self.symmetric = model.problem_type == "binary" and model.width == 2
@@ -116,18 +122,21 @@ class _Problem:
         return torch.cat([first, first + torch.cumsum(torch.nn.functional.softplus(gaps), 0)])
 
     def loss_and_grads(self, logits: np.ndarray, intercept: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+        """This rank's part of the mean loss (its rows' mean times their share) and its gradients."""
         z = torch.tensor(logits, dtype=torch.float64, requires_grad=True)
         b = torch.tensor(intercept, dtype=torch.float64, requires_grad=True)
         raw = z - self._thresholds(b) if self.ordinal else z + b
         if self.symmetric:
             raw = torch.cat([-raw, raw], dim=1)
-        loss = heads.loss(raw, self.labels, self.problem_type, **self.kwargs)
+        loss = heads.loss(raw, self.labels, self.problem_type, **self.kwargs) * self.share
         loss.backward()
         assert z.grad is not None and b.grad is not None
         return float(loss.detach()), z.grad.numpy(), b.grad.numpy()
 
     def loss(self, glm: Glm, x: Design) -> float:
-        return self.loss_and_grads(_logits(glm.weights, x, self.width), glm.intercept)[0]
+        """The mean loss over every rank's rows (`x`: this rank's)."""
+        part = self.loss_and_grads(_logits(glm.weights, x, self.width), glm.intercept)[0]
+        return float(self.sums.sum(np.array([part]))[0])
 
 
 def _logits(weights: dict[str, np.ndarray], x: Design, width: int) -> np.ndarray:
@@ -141,10 +150,11 @@ def _fit(x: Design, problem: _Problem, l2: dict[str, float], start: Glm | None =
     """Minimise mean loss + sum over blocks of l2 * |W_block|^2 / rows (binary's one fitted logit stands for
     the model's two, so its penalty counts twice), from `start` where it has a block. Only the inputs some row
     holds are optimised: the others' optimum is zero (most of the shared n-gram table is the other kind of
-    gram, or under min_df), and L-BFGS-B's own work grows with every unknown."""
-    n, width, scale = next(iter(x.values())).shape[0], problem.width, problem.penalty_scale
+    gram, or under min_df), and L-BFGS-B's own work grows with every unknown. `x` holds this rank's rows:
+    the ranks add their losses and gradients (`problem.sums`) and so take the same steps."""
+    n, width, scale, sums = problem.rows, problem.width, problem.penalty_scale, problem.sums
     names = list(x)
-    used = {b: np.flatnonzero(np.bincount(x[b].indices, minlength=x[b].shape[1])) for b in names}
+    used = {b: np.flatnonzero(sums.sum(np.bincount(x[b].indices, minlength=x[b].shape[1]))) for b in names}
     held = {b: x[b][:, used[b]] for b in names}
     sizes = [len(used[b]) * width for b in names]
     cuts = np.concatenate([[0], np.cumsum(sizes)])
@@ -160,13 +170,17 @@ def _fit(x: Design, problem: _Problem, l2: dict[str, float], start: Glm | None =
 
     def objective(theta: np.ndarray) -> tuple[float, np.ndarray]:
         weights = unpack(theta)
-        loss, dz, db = problem.loss_and_grads(_logits(weights, held, width), theta[cuts[-1]:])
-        grad = np.empty_like(theta)
+        part, dz, db = problem.loss_and_grads(_logits(weights, held, width), theta[cuts[-1]:])
+        rows_part = np.empty(len(theta) + 1)  # this rank's rows' gradient and loss, summed across ranks at once
+        for i, b in enumerate(names):
+            rows_part[cuts[i]:cuts[i + 1]] = (transposed[b] @ dz).ravel()
+        rows_part[cuts[-1]:-1], rows_part[-1] = db, part
+        summed = sums.sum(rows_part)
+        grad, loss = summed[:-1], float(summed[-1])
         for i, b in enumerate(names):
             w = weights[b]
-            grad[cuts[i]:cuts[i + 1]] = (transposed[b] @ dz + 2 * scale * l2[b] / n * w).ravel()
+            grad[cuts[i]:cuts[i + 1]] += (2 * scale * l2[b] / n * w).ravel()
             loss += scale * l2[b] / n * float((w * w).sum())
-        grad[cuts[-1]:] = db
         return loss, grad
 
     done = scipy.optimize.minimize(objective, theta0, jac=True, method="L-BFGS-B",
@@ -273,18 +287,19 @@ def _starts(sizes: list[int]) -> list[int]:
 def fit_linear(model: FusionModel, batch: dict[str, torch.Tensor], labels: torch.Tensor, *,
                l2: dict[str, float | None], loss_kwargs: dict | None = None,
                val_batch: dict[str, torch.Tensor] | None = None, val_labels: torch.Tensor | None = None,
-               start: Glm | None = None) -> tuple[dict, Glm]:
+               start: Glm | None = None, sums: RankSums | None = None) -> tuple[dict, Glm]:
     """Fit the model's linear member on `batch` (a block's penalty left None is chosen on `val_batch`; with
     every penalty given, from `start`) and write it into its buffers; returns the penalties used, the
-    losses and the penalties tried, and the fit."""
+    losses and the penalties tried, and the fit. With `sums` across ranks, the batches are this rank's
+    share of the rows and every rank gets the fit of all of them."""
     linear = model.linear
     if linear is None:
         return {}, Glm({}, np.zeros(0), 0.0)
     kwargs = loss_kwargs or {}
     train = design(model, batch)
-    problem = _Problem(model, labels, kwargs)
+    problem = _Problem(model, labels, kwargs, sums)
     val = design(model, val_batch) if val_batch is not None else None
-    val_problem = _Problem(model, val_labels, kwargs) if val_labels is not None else None
+    val_problem = _Problem(model, val_labels, kwargs, sums) if val_labels is not None else None
     unset = [b for b in train if l2.get(b) is None]
     tried: dict[str, dict[float, float]] = {}
     if unset:
@@ -312,11 +327,19 @@ def fit_linear_member(model: Any, pre: Preprocessor, data: ValidatedData, labels
                       start: tuple[Preprocessor, Glm] | None = None) -> tuple[dict[str, Any], Glm]:
     """The linear member fitted on `data.train`, each penalty not set in `cfg` chosen on `data.val`; with
     every penalty set, started from `start` (a fit and the preprocessor of its inputs: the selection's, for
-    the refit). Returns the report and the fit."""
-    def batch(df: pd.DataFrame) -> dict[str, torch.Tensor]:
+    the refit). Returns the report and the fit. Under torchrun each rank builds and fits its share of the
+    rows (fusion_model/rank_sums.py): a table with fewer rows than ranks is fitted whole on every rank."""
+    sums = rank_sums()
+    if min(len(data.train), len(data.val)) < sums.size:
+        sums = RankSums()
+
+    def own(df: pd.DataFrame) -> pd.DataFrame:
+        return df.iloc[sums.share(len(df))]
+
+    def batch(df: pd.DataFrame, in_train: bool) -> dict[str, torch.Tensor]:
         ids, counts = pre.text(df)
         return {"text_ids": ids, "text_counts": counts, "categorical": pre.categorical(df),
-                "numeric": pre.numeric(df, in_train=df is data.train)}
+                "numeric": pre.numeric(df, in_train=in_train)}
 
     scale: dict[str, Any] = {}
     if model.problem_type == "regression":
@@ -325,10 +348,11 @@ def fit_linear_member(model: Any, pre: Preprocessor, data: ValidatedData, labels
     l2 = cfg.linear_l2.model_dump()
     choose = any(v is None for v in l2.values())
     started = time.perf_counter()
-    report, glm = fit_linear(model, batch(data.train), torch.as_tensor(labels), l2=l2, loss_kwargs=scale,
-                             val_batch=batch(data.val) if choose else None,
-                             val_labels=torch.as_tensor(data.labels(data.val)) if choose else None,
-                             start=carried_over(start[1], start[0], pre, model) if start and not choose else None)
+    report, glm = fit_linear(model, batch(own(data.train), True), torch.as_tensor(labels[sums.share(len(labels))]),
+                             l2=l2, loss_kwargs=scale, val_batch=batch(own(data.val), False) if choose else None,
+                             val_labels=torch.as_tensor(data.labels(own(data.val))) if choose else None,
+                             start=carried_over(start[1], start[0], pre, model) if start and not choose else None,
+                             sums=sums)
     report["fit_wall_s"] = round(time.perf_counter() - started, 2)
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"[train] linear member: L2 {report['l2']}{' (chosen on validation)' if choose else ''}, fitted in "

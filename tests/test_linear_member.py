@@ -3,19 +3,28 @@ fitted before the deep half trains, its penalties chosen on validation, weighed 
 
 from __future__ import annotations
 
+import json
+import os
+import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 from sklearn.linear_model import LogisticRegression
 
-from fusion_model.config import TrainConfig
 from fusion_model.data import FusionDataset, ValidatedData
 from fusion_model.fit import build_module
+from fusion_model.rank_sums import RankSums
 from fusion_model.wide_fit import L2_GRIDS, _walk, design
+from tests.linear_member_worker import config as _config
 from tests.validated_tables import make_validated
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -29,11 +38,6 @@ def _one_thread() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def validated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_validated(tmp_path_factory.mktemp("linear"), n_train=96, n_val=48, n_test=16)
-
-
-def _config(validated: Path, **keys: object) -> TrainConfig:
-    return TrainConfig.model_validate({"data_dir": validated, "image_size": 32, "hidden_sizes": [16, 16],
-                                       "ensemble_size": 4, "text_buckets": 4096, **keys})
 
 
 def _batch(data: ValidatedData, pre, df) -> dict[str, torch.Tensor]:  # noqa: ANN001
@@ -263,3 +267,54 @@ def test_the_penalties_are_compared_between_converged_fits(validated: Path) -> N
             cold = wide_fit._fit(part, problem, {**chosen, block: float(value)})
             assert abs(val_problem.loss(cold, {b: val[b] for b in part}) - walked) < 1e-3
         chosen[block] = report["l2"][block]
+
+
+def test_every_row_is_one_ranks_share() -> None:
+    for size in (1, 2, 3, 4):
+        for rows in (0, 1, 5, 96, 97):
+            shares = []
+            for rank in range(size):
+                sums = RankSums()
+                sums.rank, sums.size = rank, size
+                shares.append(np.arange(rows)[sums.share(rows)])
+            assert np.array_equal(np.concatenate(shares), np.arange(rows))
+            assert max(map(len, shares)) - min(map(len, shares)) <= 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("problem_type", ["binary", "ordinal"])
+def test_ranks_fitting_their_shares_of_the_rows_get_the_fit_of_all_of_them(tmp_path: Path, problem_type: str) -> None:
+    """Two torchrun ranks each build and fit half the rows, their losses and gradients summed by a gloo group
+    of the member's own: both hold the very same member, and it is the one process's fit of every row."""
+    validated = make_validated(tmp_path / "table", n_train=96, n_val=48, n_test=16, problem_type=problem_type)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "ranks"
+    cmd = [sys.executable, "-m", "fusion_model.launch", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(port), str(ROOT / "tests/linear_member_worker.py"), "--data", str(validated),
+           "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ranks = [load_file(str(out / f"rank-{r}.safetensors")) for r in (0, 1)]
+    reports = [json.loads((out / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0].keys() == ranks[1].keys() and all(torch.equal(ranks[0][k], ranks[1][k]) for k in ranks[0])
+    assert reports[0].pop("fit_wall_s") > 0 and reports[1].pop("fit_wall_s") > 0 and reports[0] == reports[1]
+
+    data = ValidatedData.read(validated)
+    pre, _, module = build_module(_config(validated), data)  # one process, every row
+    alone = module.linear_report
+    assert reports[0]["l2"] == alone["l2"] and reports[0]["tried"].keys() == alone["tried"].keys()
+    assert abs(reports[0]["val_loss"] - alone["val_loss"]) < 1e-4
+    assert abs(reports[0]["train_loss"] - alone["train_loss"]) < 1e-4
+    # the same member, to the fits' tolerance: its logits on the validation rows (weights a large penalty
+    # leaves near zero are where that tolerance shows most; the logits are what the member is)
+    linear = module.model.linear
+    x = design(module.model, _batch(data, pre, data.val))
+    ours = sum(m @ ranks[0][f"weight.{b}"].double().numpy() for b, m in x.items())
+    theirs = sum(m @ linear.weight(b).double().numpy() for b, m in x.items())
+    scale = np.abs(theirs).max()
+    assert scale > 0.1 and np.abs(ours - theirs).max() < 5e-3 * scale
+    thresholds = linear.intercept.numpy()
+    assert np.abs(ranks[0]["intercept"].numpy() - thresholds).max() < 5e-3 * max(1.0, np.abs(thresholds).max())
