@@ -155,8 +155,10 @@ class TrainConfig(BaseModel):
     # validation rows lowered test macro F1 (BENCHMARKS.md)
     fit_decision: bool = True
     # after validation has picked the epoch count, the members' mix and the decision rule, fit the kept
-    # model again on train + val with them (AutoGluon's refit_full); false: the best epoch's model
-    refit: bool = True
+    # model again on train + val with them (true: AutoGluon's refit_full); "linear": keep the best epoch's
+    # deep members and fit only the linear member again on train + val (its penalties as validation chose
+    # them; no second training); false: the best epoch's model as it is
+    refit: bool | Literal["linear"] = "linear"
     # configurations the stage tries (AutoGluon's presets): each a few train keys over this section's; the one
     # with the best validation score is kept (and refitted). [{}]: this section alone
     candidates: list[dict[str, Any]] = Field(default_factory=lambda: [{}], min_length=1)
@@ -199,6 +201,11 @@ class TrainConfig(BaseModel):
     resume: bool = False  # continue from out_dir/last.ckpt (a file, or a ZeRO folder)
     max_steps: int = Field(-1, ge=-1)  # -1: as many as max_epochs gives; a cap for quick runs
     save_gathered_weights: Path | None = None  # after fit: the final fp32 weights as safetensors
+
+    @property
+    def retrains(self) -> bool:
+        """The kept model is trained again on train + val (`refit: true`), not the selection's best epoch."""
+        return self.refit is True
 
     @property
     def multi_host(self) -> bool:

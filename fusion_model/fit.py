@@ -2,8 +2,8 @@
 
 Launched by ``torchrun`` once per rank (ddp, deepspeed) or once in total for ``ddp_spawn`` (Lightning
 spawns the ranks). Every rank fits; global rank 0 writes ``model_config.json`` and
-``train_summary.json`` into ``out_dir``. Checkpoints: ``best.ckpt`` (the refit's model, or the best
-monitored ``val/<metric>`` without refit) and ``last.ckpt`` (the selection's, to resume) -- files for ddp,
+``train_summary.json`` into ``out_dir``. Checkpoints: ``best.ckpt`` (the refit's model with ``refit: true``,
+else the best monitored ``val/<metric>``) and ``last.ckpt`` (the selection's, to resume) -- files for ddp,
 ZeRO folders that every rank writes its shard into for DeepSpeed.
 No checkpoint is converted here: that is a separate stage that runs once all ranks have exited.
 """
@@ -51,7 +51,7 @@ from fusion_model.safe_load import check_checkpoint
 from fusion_model.strategies import build_strategy
 from fusion_model.summary import FinishRun
 from fusion_model.text_encoder import read_tokenizer, text_model_entry
-from fusion_model.wide_fit import fit_linear_member
+from fusion_model.wide_fit import fit_linear_member, refit_linear_member
 
 quiet.install()  # at import, so every rank (ddp_spawn's re-import it) drops the known third-party noise
 FORMAT_VERSION = CURRENT_FORMAT  # the format this version writes (fusion_model/legacy.py reads the older ones)
@@ -180,6 +180,8 @@ def build_module(cfg: TrainConfig, data: ValidatedData, modalities: list[str] | 
         module.model.target_std.fill_(float(np.std(target)) or 1.0)
     if module.model.linear is not None:
         module.linear_report, module.linear_glm = fit_linear_member(module.model, pre, data, train_labels, cfg, linear_start)
+        if cfg.refit == "linear" and linear_start is None:
+            refit_linear_member(module, pre, data, cfg)
     return pre, kwargs, module
 
 
@@ -211,9 +213,9 @@ def _trainer(cfg: TrainConfig, devices: int, on_cuda: bool, max_epochs: int, cal
 
 def run(cfg: TrainConfig) -> dict[str, Any]:
     """Selection: fit on the train split, validation picking the epoch, the members' mix and the decision
-    rule, for each of `candidates` (the best validation score wins). With `refit` (AutoGluon's refit_full),
-    a second model is then fitted on train + val for that many epochs with that mix and rule: the rows held
-    out for selection are the ones a small table misses most."""
+    rule, for each of `candidates` (the best validation score wins). With `refit: true` (AutoGluon's
+    refit_full), a second model is then fitted on train + val for that many epochs with that mix and rule;
+    `refit: linear` refits only the linear member, inside the selection (build_module)."""
     torch.set_num_threads(cfg.threads_per_rank)
     out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -230,7 +232,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         selection = select_candidate(cfg, data, devices, on_cuda)
     index = selection["summary"].get("chosen_candidate") or 0
     chosen = cfg.candidate(index)
-    if not cfg.refit:
+    if not cfg.retrains:
         if index == 0:
             return selection["summary"]
         # the kept model is the chosen selection's best epoch: fitted again, seeded, where the stage reads it
@@ -312,7 +314,7 @@ def select(cfg: TrainConfig, data: ValidatedData, devices: int, on_cuda: bool, o
     metric, mode = metric_name(data.problem_type), monitor_mode(data.problem_type)
     checkpoint = ModelCheckpoint(
         dirpath=out_dir, filename=Path(BEST_CHECKPOINT).stem, monitor=f"val/{metric}", mode=mode,
-        save_top_k=0 if cfg.refit else 1,  # a refit's model is the one kept: selection keeps only last.ckpt
+        save_top_k=0 if cfg.retrains else 1,  # a refit's model is the one kept: selection keeps only last.ckpt
         save_last=True,
         enable_version_counter=False,  # overwrite best.ckpt instead of writing best-v1.ckpt
         auto_insert_metric_name=False,

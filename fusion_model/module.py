@@ -90,8 +90,26 @@ class FusionModule(pl.LightningModule):
         self._val_raw.append(raw.detach().float())
         self._val_labels.append(labels.detach())
 
+    def keep_linear_fit(self, validated: dict[str, torch.Tensor], kept: dict[str, torch.Tensor]) -> None:
+        """Refit "linear": validation weighs the linear member fitted on the training rows (`validated`, a
+        `LinearMember.fit_state`); between validations, so in every checkpoint, it holds `kept` (fitted on
+        train + val), beside the deep members of that epoch."""
+        self._linear_fits = {"validated": validated, "kept": kept}
+        self._load_linear_fit("kept")
+
+    def _load_linear_fit(self, which: str) -> None:
+        if (fits := getattr(self, "_linear_fits", None)) is not None:
+            self.model.linear.load_fit_state(fits[which])
+
     def on_validation_epoch_start(self) -> None:
         self._val_raw, self._val_labels = [], []
+        self._load_linear_fit("validated")
+
+    def on_validation_epoch_end(self) -> None:
+        try:
+            self._end_validation_epoch()
+        finally:  # the checkpoint this validation saves holds the kept fit
+            self._load_linear_fit("kept")
 
     def _gathered(self, parts: list[torch.Tensor]) -> torch.Tensor:
         """This epoch's rows of every rank (the distributed sampler gives each rank as many)."""
@@ -100,7 +118,7 @@ class FusionModule(pl.LightningModule):
             return local
         return self.all_gather(local).reshape(-1, *local.shape[1:])
 
-    def on_validation_epoch_end(self) -> None:
+    def _end_validation_epoch(self) -> None:
         if not self._val_raw or self.trainer.sanity_checking:
             return
         raw, labels = self._gathered(self._val_raw), self._gathered(self._val_labels)

@@ -130,7 +130,7 @@ class FinishRun(pl.Callback):
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         cfg, out_dir = self.cfg, Path(self.cfg.out_dir)
-        final = self.selection is not None or not cfg.refit
+        final = self.selection is not None or not cfg.retrains
         if cfg.save_gathered_weights and final:
             self._save_gathered(trainer, pl_module)
         wall = round(time.perf_counter() - self._started, 2)

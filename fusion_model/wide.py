@@ -137,6 +137,17 @@ class LinearMember(nn.Module):
     def weight(self, block: str) -> torch.Tensor:
         return self.get_buffer(f"{'text' if block == 'chars' else block}_weight")
 
+    FIT_BUFFERS = ("text_weight", "categorical_weight", "numerical_weight", "intercept")
+
+    def fit_state(self) -> dict[str, torch.Tensor]:
+        """A copy of the fitted weights and intercept, to put back with `load_fit_state`."""
+        return {n: b.detach().clone() for n in self.FIT_BUFFERS if (b := getattr(self, n)) is not None}
+
+    def load_fit_state(self, state: dict[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            for name, value in state.items():
+                self.get_buffer(name).copy_(value)
+
     def inputs(self, text: TextLogit | None, batch: dict[str, torch.Tensor], split_chars: bool = False
                ) -> dict[str, object]:
         """Per block: the text's (table rows, weights) (`split_chars`: the word grams', then the character

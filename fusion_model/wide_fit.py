@@ -15,6 +15,7 @@ fits a linear model with the network's own losses (a cumulative link for ordinal
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -354,7 +355,20 @@ def fit_linear_member(model: Any, pre: Preprocessor, data: ValidatedData, labels
                              start=carried_over(start[1], start[0], pre, model) if start and not choose else None,
                              sums=sums)
     report["fit_wall_s"] = round(time.perf_counter() - started, 2)
+    report["rows"] = len(data.train)
     if int(os.environ.get("RANK", "0")) == 0:
-        print(f"[train] linear member: L2 {report['l2']}{' (chosen on validation)' if choose else ''}, fitted in "
-              f"{report['fit_wall_s']} s", flush=True)
+        print(f"[train] linear member: L2 {report['l2']}{' (chosen on validation)' if choose else ''}, "
+              f"{len(data.train)} rows, fitted in {report['fit_wall_s']} s", flush=True)
     return report, glm
+
+
+def refit_linear_member(module: Any, pre: Preprocessor, data: ValidatedData, cfg: TrainConfig) -> None:
+    """Refit "linear": the selection's linear member fitted again on train + val with the penalties validation
+    chose, on the selection's inputs (`pre`: the kept deep members read them). Validation keeps weighing the
+    training rows' fit; every checkpoint holds this one (`FusionModule.keep_linear_fit`)."""
+    validated = module.model.linear.fit_state()
+    every = dataclasses.replace(data, train=pd.concat([data.train, data.val]))
+    fixed = cfg.model_copy(update={"linear_l2": cfg.linear_l2.model_copy(update=module.linear_report["l2"])})
+    module.linear_report["refit"] = fit_linear_member(module.model, pre, every, every.labels(every.train), fixed,
+                                                      (pre, module.linear_glm))[0]
+    module.keep_linear_fit(validated, module.model.linear.fit_state())

@@ -24,7 +24,7 @@ def _config(data_dir: Path, out_dir: Path, **overrides: object) -> TrainConfig:
         "data_dir": data_dir, "out_dir": out_dir, "live_dir": out_dir.parent / "training",
         "image_model": "test_resnet", "image_size": 32, "text_buckets": 1024, "cat_dim": 4, "adapter_dim": 16,
         "hidden_sizes": [32], "batch_size": 32, "max_epochs": 3, "devices": 2, "accelerator": "cpu",
-        "strategy": "ddp", "ensemble_size": 4,
+        "strategy": "ddp", "ensemble_size": 4, "refit": True,
     }
     return TrainConfig.model_validate({**base, **overrides})
 
@@ -133,3 +133,43 @@ def test_a_later_candidate_must_win_by_more_than_the_tolerance() -> None:
     assert _best_candidate(done(0.500, 0.502, 0.600), True, 0.002)["index"] == 2
     assert _best_candidate(done(0.300, 0.290), False, 0.002)["index"] == 1  # a loss: lower is better
     assert _best_candidate(done(None, 0.1), True, 0.002)["index"] == 1
+
+
+def test_refit_linear_keeps_the_best_epochs_deep_members_and_the_linear_member_fitted_on_every_labelled_row(
+        tiny_validated: Path, tmp_path: Path) -> None:
+    data = ValidatedData.read(tiny_validated)
+    kept = train(_config(tiny_validated, tmp_path / "linear", refit="linear"))
+    alone = train(_config(tiny_validated, tmp_path / "none", refit=False))
+
+    # validation weighed the linear member fitted on the training rows: the same history as without a refit
+    on_disk = [json.loads((tmp_path / d / "train_summary.json").read_text()) for d in ("linear", "none")]
+    assert on_disk[0]["history"] == on_disk[1]["history"] and kept.best_epoch == alone.best_epoch
+    linear_member = on_disk[0]["linear_member"]
+    assert kept.refit is None and linear_member["refit"]["rows"] == len(data.train) + len(data.val)
+    assert linear_member["refit"]["l2"] == linear_member["l2"]  # the penalties validation chose
+
+    state, before = (torch.load(tmp_path / d / "best.ckpt", map_location="cpu", weights_only=True)["state_dict"]
+                     for d in ("linear", "none"))
+    linear = {k for k in state if k.startswith("model.linear.")}
+    fitted = {f"model.linear.{n}" for n in ("text_weight", "categorical_weight", "numerical_weight", "intercept")}
+    assert fitted & linear == fitted & set(before)
+    # the best epoch's deep members and mix, as the run without a refit kept them ...
+    for key in set(state) - fitted:
+        torch.testing.assert_close(state[key], before[key], msg=key)
+    # ... beside the linear member fitted again on train + val: its logits on every labelled row are those of
+    # the same fit in one process here (two ranks in training), not those of the training rows' fit
+    pre, _, module = build_module(_config(tiny_validated, tmp_path / "again", refit="linear"), data)
+    rows = pd.concat([data.train, data.val])
+    ids, counts = pre.text(rows)
+    batch = {"text_ids": ids, "text_counts": counts, "categorical": pre.categorical(rows),
+             "numeric": pre.numeric(rows, in_train=True)}
+    linear = module.model.linear
+    with torch.no_grad():
+        expected = linear(module.model.text, batch, set())
+
+        def logits(checkpoint: dict[str, torch.Tensor]) -> torch.Tensor:
+            linear.load_fit_state({k.removeprefix("model.linear."): checkpoint[k] for k in fitted & set(checkpoint)})
+            return linear(module.model.text, batch, set())
+
+        torch.testing.assert_close(logits(state), expected, rtol=5e-3, atol=5e-3)
+        assert (logits(before) - expected).abs().max() > 0.05
