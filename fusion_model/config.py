@@ -202,6 +202,10 @@ class TrainConfig(BaseModel):
     max_steps: int = Field(-1, ge=-1)  # -1: as many as max_epochs gives; a cap for quick runs
     save_gathered_weights: Path | None = None  # after fit: the final fp32 weights as safetensors
 
+    def with_linear_l2(self, l2: dict[str, float]) -> TrainConfig:
+        """This config with the linear member's penalties set (those validation chose, for a refit)."""
+        return self.model_copy(update={"linear_l2": self.linear_l2.model_copy(update=l2)})
+
     @property
     def retrains(self) -> bool:
         """The kept model is trained again on train + val (`refit: true`), not the selection's best epoch."""

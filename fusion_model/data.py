@@ -6,6 +6,7 @@ kept as uint8 (3000 rows at 64 px are ~37 MB), so later epochs cost no JPEG deco
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,6 +126,10 @@ class ValidatedData:
         if self.problem_type == "regression":
             return df[self.label].to_numpy(dtype=np.float32)
         return class_indices(df[self.label].tolist(), self.classes)
+
+    def every_labelled(self) -> ValidatedData:
+        """The same data with train + val as its training rows (a refit's)."""
+        return dataclasses.replace(self, train=pd.concat([self.train, self.val]))
 
     @classmethod
     def read(cls, data_dir: str | Path) -> ValidatedData:

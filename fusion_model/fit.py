@@ -11,7 +11,6 @@ No checkpoint is converted here: that is a separate stage that runs once all ran
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import shutil
@@ -21,7 +20,6 @@ from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
-import pandas as pd
 import torch
 from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -242,7 +240,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
             write_json(out_dir / TRAIN_SUMMARY, summary)
         return summary
     if selection.get("linear"):  # the refit's linear member keeps the penalties validation chose
-        chosen = chosen.model_copy(update={"linear_l2": chosen.linear_l2.model_copy(update=selection["linear"]["l2"])})
+        chosen = chosen.with_linear_l2(selection["linear"]["l2"])
     return refit(chosen, data, selection["summary"], selection["modalities"], selection["decision"], devices,
                  on_cuda, selection["max_epochs"], selection.get("linear_start"))
 
@@ -354,7 +352,7 @@ def refit(cfg: TrainConfig, data: ValidatedData, selection: dict[str, Any], moda
     """The kept model: every labelled row, the selected epoch count, the selected mix and decision rule."""
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     out_dir = Path(cfg.out_dir)
-    every = dataclasses.replace(data, train=pd.concat([data.train, data.val]))
+    every = data.every_labelled()
     # the selection's schedule, stopped at its best epoch: the refit trains as the kept epoch did
     pre, kwargs, module = build_module(cfg, every, modalities, schedule_epochs=schedule_epochs, linear_start=linear_start)
     # a selection that validated nothing new (a resumed run already at its last epoch) keeps the last rule

@@ -64,6 +64,8 @@ class FusionModule(pl.LightningModule):
         self._val_labels: list[torch.Tensor] = []
         # each validated epoch's fitted mix and decision rule (epoch numbered from 1, as the history)
         self.decisions: dict[int, dict[str, list[float]]] = {}
+        # refit "linear": the linear member's two fits (keep_linear_fit), else None
+        self._linear_fits: dict[str, dict[str, torch.Tensor]] | None = None
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.model(batch)
@@ -98,8 +100,8 @@ class FusionModule(pl.LightningModule):
         self._load_linear_fit("kept")
 
     def _load_linear_fit(self, which: str) -> None:
-        if (fits := getattr(self, "_linear_fits", None)) is not None:
-            self.model.linear.load_fit_state(fits[which])
+        if self._linear_fits is not None:
+            self.model.linear.load_fit_state(self._linear_fits[which])
 
     def on_validation_epoch_start(self) -> None:
         self._val_raw, self._val_labels = [], []

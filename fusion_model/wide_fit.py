@@ -15,7 +15,6 @@ fits a linear model with the network's own losses (a cumulative link for ordinal
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -367,8 +366,8 @@ def refit_linear_member(module: Any, pre: Preprocessor, data: ValidatedData, cfg
     chose, on the selection's inputs (`pre`: the kept deep members read them). Validation keeps weighing the
     training rows' fit; every checkpoint holds this one (`FusionModule.keep_linear_fit`)."""
     validated = module.model.linear.fit_state()
-    every = dataclasses.replace(data, train=pd.concat([data.train, data.val]))
-    fixed = cfg.model_copy(update={"linear_l2": cfg.linear_l2.model_copy(update=module.linear_report["l2"])})
-    module.linear_report["refit"] = fit_linear_member(module.model, pre, every, every.labels(every.train), fixed,
+    every = data.every_labelled()
+    module.linear_report["refit"] = fit_linear_member(module.model, pre, every, every.labels(every.train),
+                                                      cfg.with_linear_l2(module.linear_report["l2"]),
                                                       (pre, module.linear_glm))[0]
     module.keep_linear_fit(validated, module.model.linear.fit_state())
