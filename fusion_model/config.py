@@ -150,9 +150,9 @@ class TrainConfig(BaseModel):
     modalities: list[Literal["image", "tabular", "text"]] = ["image", "tabular", "text"]
     # the loss and the decision rule
     class_weight: Literal["none", "balanced"] = "none"  # balanced: rare classes weigh more in the loss
-    # fit ordinal cut points (quadratic weighted kappa) on the validation rows each epoch; false: the expected
-    # class rounded. Multiclass takes the argmax: class biases fitted for macro F1 on a rare class's few
-    # validation rows lowered test macro F1 (BENCHMARKS.md)
+    # fit the decision rule on the validation rows each epoch: ordinal cut points (quadratic weighted kappa),
+    # multiclass class biases maximising the macro F1 the rows' own probabilities expect (label-free:
+    # fusion_model/decision.py); false: the expected class rounded, the argmax
     fit_decision: bool = True
     # after validation has picked the epoch count, the members' mix and the decision rule, fit the kept
     # model again on train + val with them (true: AutoGluon's refit_full); "linear": keep the best epoch's

@@ -2,7 +2,7 @@
 
 The fusion network ends in `output_width` numbers per row:
 - binary: two logits (softmax; the positive class is index 1);
-- multiclass: one logit per class (softmax; the prediction is the argmax after `decision_bias`, zeros unless an older model fitted it);
+- multiclass: one logit per class (softmax; the prediction is the argmax after `decision_bias`, fitted on validation for macro F1);
 - ordinal: one score turned into K-1 cumulative logits `score - t_k` by `OrdinalLink` (a cumulative-link,
   proportional-odds head: P(y > k) = sigmoid(score - t_k), thresholds kept increasing); the prediction cuts
   the expected class (sum of P(y > k)) at `cutpoints`, fitted on validation for quadratic weighted kappa;

@@ -100,7 +100,7 @@ class FusionModel(nn.Module):
         width = heads.output_width(problem_type, num_classes)
         self.width = width
         self.ordinal = heads.OrdinalLink(num_classes) if problem_type == "ordinal" else None
-        if problem_type == "multiclass":  # added to the logits before the argmax: zeros here; a model trained before this version may carry fitted ones
+        if problem_type == "multiclass":  # added to the log probabilities before the argmax (fusion_model/decision.py)
             self.register_buffer("decision_bias", torch.zeros(num_classes))
         if problem_type == "regression":  # the training labels' scale (after the transform)
             self.register_buffer("target_mean", torch.zeros(()))

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from fusion_model import heads
-from fusion_model.decision import fit_cutpoints
+from fusion_model.decision import fit_class_bias, fit_cutpoints
 from fusion_model.ensemble import greedy_weights
 from fusion_model.metrics import compute_metrics, greater_is_better, primary_metric_name
 from fusion_model.model import FusionModel
@@ -160,6 +160,11 @@ class FusionModule(pl.LightningModule):
             if store:
                 self.model.ordinal.cutpoints.copy_(cuts)
             kwargs["cutpoints"] = cuts
+        elif self.fit_decision and self.problem_type == "multiclass":
+            bias = torch.as_tensor(fit_class_bias(raw.float().softmax(-1).cpu().numpy()), dtype=torch.float32)
+            if store:
+                self.model.decision_bias.copy_(bias)
+            kwargs["decision_bias"] = bias
         out = self.model.interpret(raw) if store or not kwargs else heads.interpret(
             raw.cpu(), self.problem_type, **kwargs)
         return compute_metrics(y, out.prediction.cpu().numpy(), self.problem_type, self.num_classes,

@@ -350,20 +350,40 @@ def test_regression_head_predicts_in_the_label_unit(tmp_path: Path) -> None:
     assert {"val/rmse", "val/mae", "val/r2"} <= set(trainer.callback_metrics)
 
 
-def test_multiclass_predicts_the_argmax_with_no_fitted_bias(tmp_path: Path) -> None:
-    """Class biases fitted for macro F1 on a rare class's few validation rows lowered test macro F1 on real
-    rows: the multiclass prediction is the argmax, and the old buffer stays zero."""
+def test_multiclass_predicts_with_class_biases_fitted_on_the_validation_rows_probabilities(tmp_path: Path) -> None:
+    """The multiclass rule: each validation fits class biases to the macro F1 that the validation rows' own
+    probabilities expect (no labels read), keeps them in the model's buffer, and predictions are the argmax of
+    the log probabilities plus them; val/macro_f1 is scored with that rule."""
+    from sklearn.metrics import f1_score
+
+    from fusion_model.data import FusionDataModule
+    from fusion_model.decision import apply_class_bias, fit_class_bias
+
     data = ValidatedData.read(make_validated(tmp_path, n_train=60, n_val=30, n_test=5, problem_type="multiclass"))
     data = ValidatedData(data.train, data.val, data.dataset_root, data.schema, "multiclass", data.classes)
     pre = Preprocessor.fit(data.train, data.schema, text_buckets=256, image_size=32, image_index=0)
     kwargs = {**_kwargs(pre), "num_classes": 5, "problem_type": "multiclass"}
     module, trainer = _fit(data, pre, kwargs, class_weight=[1.0, 2.0, 1.0, 1.0, 1.0])
-    assert module.model.decision_bias.abs().sum() == 0
     assert {"val/macro_f1", "val/accuracy", "val/log_loss"} <= set(trainer.callback_metrics)
-    raw = torch.randn(16, 5)
+    module.model.eval()
+    loader = FusionDataModule(data, pre, batch_size=8)
+    loader.setup("fit")
     with torch.no_grad():
+        batches = list(loader.val_dataloader())
+        raw = torch.cat([module.model(b) for b in batches])
         out = module.model.interpret(raw)
-    assert torch.equal(out.prediction, raw.argmax(1))
+    labels = torch.cat([b["label"] for b in batches]).numpy()
+    proba = out.proba.numpy()
+    bias = fit_class_bias(proba)
+    assert np.allclose(module.model.decision_bias.numpy(), bias)  # the last validation's, from its probabilities
+    assert np.array_equal(out.prediction.numpy(), apply_class_bias(proba, bias))
+    assert np.isclose(float(trainer.callback_metrics["val/macro_f1"]),
+                      f1_score(labels, apply_class_bias(proba, bias), average="macro", labels=range(5)), atol=1e-6)
+    module.model.decision_bias.copy_(torch.tensor([0.0, 3.0, 0.0, 0.0, 0.0]))  # a bias the argmax would not make
+    with torch.no_grad():
+        shifted = module.model.interpret(raw).prediction
+    assert np.array_equal(shifted.numpy(), apply_class_bias(proba, np.array([0.0, 3.0, 0.0, 0.0, 0.0])))
+    assert (shifted == 1).sum() > (out.prediction == 1).sum()
 
 
 def test_a_single_modality_model_has_no_empty_optimizer_group(validated: Path, pre: Preprocessor) -> None:

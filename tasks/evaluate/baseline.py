@@ -17,7 +17,7 @@ signal the network gets (the columns by role of the dataset schema):
   regressor for ordinal (on the class index) and regression labels (on the transformed target).
 
 As the network is, it is selected on the validation rows (the trees' count by early stopping, the decision
-rule: ordinal cut points; multiclass takes the argmax) and then refitted on train + val with that many
+rule: ordinal cut points, multiclass class biases for macro F1) and then refitted on train + val with that many
 trees, every stacked score recomputed out of fold over those rows. Stacking out of fold keeps each score
 honest: a score fitted on a row never describes that row. The network alone is compared with this; the
 network never sees the baseline's output.
@@ -42,7 +42,7 @@ from sklearn.multiclass import OneVsRestClassifier
 from sklearn.preprocessing import StandardScaler, TargetEncoder
 
 from fusion_model.dataset import DatasetSchema, canonical, row_images
-from fusion_model.decision import apply_cutpoints, fit_cutpoints
+from fusion_model.decision import apply_class_bias, apply_cutpoints, fit_class_bias, fit_cutpoints
 from fusion_model.predict import Predictions
 
 NAME = ("HistGradientBoosting(tabular + text lengths + frequencies) + out-of-fold target-encoded codes, TF-IDF "
@@ -297,5 +297,9 @@ def _decide(on_val: list[Predictions], y_val: np.ndarray, task: Task) -> Callabl
     if task.problem_type == "ordinal":
         cuts = fit_cutpoints(on_val[0].score, y_val, task.num_classes)  # type: ignore[arg-type]
         return lambda results: [Predictions(prediction=apply_cutpoints(r.score, cuts), proba=None, score=r.score)  # type: ignore[arg-type]
+                                for r in results]
+    if task.problem_type == "multiclass":
+        bias = fit_class_bias(on_val[0].proba)  # type: ignore[arg-type]
+        return lambda results: [Predictions(prediction=apply_class_bias(r.proba, bias), proba=r.proba, score=r.score)  # type: ignore[arg-type]
                                 for r in results]
     return lambda results: results
