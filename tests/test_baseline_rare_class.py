@@ -39,3 +39,24 @@ def test_a_class_with_one_training_row_keeps_its_column(problem_type: str, count
     assert proba.shape == (len(y_test), len(counts)) and np.allclose(proba.sum(1), 1.0)
     common = y_test < len(counts) - 1  # the words give the common classes away
     assert (got.predictions.prediction[common] == y_test[common]).mean() > 0.9
+
+
+def test_the_multiclass_baseline_takes_the_macro_f1_rule_only_where_macro_f1_is_the_metric(tmp_path: Path) -> None:
+    """As the network: class biases fitted on the validation rows' probabilities for macro F1 (the rarely
+    most likely class predicted more often), the argmax where the evaluation's metric is another."""
+    schema = resolve_schema({"preset": None, "id": None, "label": {"column": "y", "problem_type": "multiclass"},
+                             "columns": {"text": ["name"], "categorical": ["kind"], "numerical": ["x"]}})
+    rng = np.random.default_rng(3)
+    y_train, y_val, y_test = (rng.choice(3, n, p=[0.6, 0.32, 0.08]) for n in (300, 150, 300))
+
+    def table(labels: np.ndarray, seed: int) -> pd.DataFrame:  # only a noisy number tells the classes apart
+        r = np.random.default_rng(seed)
+        return pd.DataFrame({"name": ["an item"] * len(labels), "kind": ["k"] * len(labels),
+                             "x": r.normal(0, 1.2, len(labels)) + labels})
+
+    tables = (table(y_train, 0), table(y_val, 1), table(y_test, 2))
+    argmax, rule = (fit_and_score(*tables, y_train, y_val, schema, "multiclass", 3, seed=0, images_root=tmp_path,
+                                  macro_f1_rule=flag).predictions for flag in (False, True))
+    assert np.array_equal(argmax.prediction, argmax.proba.argmax(1))
+    assert np.allclose(rule.proba, argmax.proba)  # the same trees; only the decision differs
+    assert (rule.prediction == 2).sum() > (argmax.prediction == 2).sum()

@@ -250,10 +250,12 @@ def _features(train: pd.DataFrame, tests: list[pd.DataFrame], target: np.ndarray
 
 def fit_and_score(train: pd.DataFrame, val: pd.DataFrame, test: pd.DataFrame, y_train: np.ndarray,
                   y_val: np.ndarray, schema: DatasetSchema, problem_type: str, num_classes: int, seed: int,
-                  images_root: Path, image_index: int = 0, others: tuple[pd.DataFrame, ...] = ()) -> BaselineResult:
+                  images_root: Path, image_index: int = 0, others: tuple[pd.DataFrame, ...] = (),
+                  macro_f1_rule: bool = True) -> BaselineResult:
     """Select on `train` (labels `y_train`: class indices, or values for regression) with `val` (the trees
     stopped early, the decision rule fitted), refit on both with that many trees, and return the
-    predictions for `test` (and `others`)."""
+    predictions for `test` (and `others`). `macro_f1_rule`: a multiclass label's class biases for macro F1
+    (false: the argmax, where the evaluation's metric is another)."""
     started = time.perf_counter()
     task = Task(problem_type, num_classes if problem_type != "regression" else 0, schema.label.transform)
     tables = [train, val, test, *others]
@@ -267,7 +269,7 @@ def fit_and_score(train: pd.DataFrame, val: pd.DataFrame, test: pd.DataFrame, y_
     x_train, x_tests = _features(train, tables[1:], target, task, schema, seed, images)
     gbdt = model(**trees, early_stopping=True, n_iter_no_change=30).fit(
         x_train, target, X_val=x_tests[0], y_val=_target(y_val, task))
-    rule = _decide([_predict(gbdt, x_tests[0], task)], y_val, task)
+    rule = _decide([_predict(gbdt, x_tests[0], task)], y_val, task, macro_f1_rule)
     # refit on every labelled row with that many trees
     every, y_every = pd.concat([train, val]), np.concatenate([y_train, y_val])
     target = _target(y_every, task)
@@ -292,13 +294,14 @@ def _predict(gbdt: object, x: pd.DataFrame, task: Task) -> Predictions:
                        score=value)
 
 
-def _decide(on_val: list[Predictions], y_val: np.ndarray, task: Task) -> Callable[[list[Predictions]], list[Predictions]]:
+def _decide(on_val: list[Predictions], y_val: np.ndarray, task: Task,
+            macro_f1_rule: bool) -> Callable[[list[Predictions]], list[Predictions]]:
     """The decision rule fitted on the validation rows' predictions, as a function applied to any table."""
     if task.problem_type == "ordinal":
         cuts = fit_cutpoints(on_val[0].score, y_val, task.num_classes)  # type: ignore[arg-type]
         return lambda results: [Predictions(prediction=apply_cutpoints(r.score, cuts), proba=None, score=r.score)  # type: ignore[arg-type]
                                 for r in results]
-    if task.problem_type == "multiclass":
+    if task.problem_type == "multiclass" and macro_f1_rule:
         bias = fit_class_bias(on_val[0].proba)  # type: ignore[arg-type]
         return lambda results: [Predictions(prediction=apply_class_bias(r.proba, bias), proba=r.proba, score=r.score)  # type: ignore[arg-type]
                                 for r in results]

@@ -171,12 +171,14 @@ def render_markdown(
 
 
 def fit_baseline(data_dir: Path, test: TestSet, image_index: int, seed: int,
-                 others: tuple[pd.DataFrame, ...] = ()) -> BaselineResult:
+                 others: tuple[pd.DataFrame, ...] = (), metric: str | None = None) -> BaselineResult:
     """The classical baseline on the network's rows (selected on train + val, refitted on both, as the
-    network), scored on the test rows (and `others`)."""
+    network), scored on the test rows (and `others`); its multiclass rule aims at `metric` (the
+    evaluation's primary metric: macro F1's class biases, else the argmax)."""
     train, val = (pd.read_parquet(data_dir / f"{split}.parquet") for split in ("train", "val"))
     return fit_and_score(train, val, test.table, test.labels_of(train), test.labels_of(val), test.schema,
-                         test.problem_type, test.num_classes, seed, test.images_root, image_index, others)
+                         test.problem_type, test.num_classes, seed, test.images_root, image_index, others,
+                         macro_f1_rule=primary_metric_name(test.problem_type, metric) == "macro_f1")
 
 
 def holdout_metrics(predictor: Any, holdout: pd.DataFrame, test: TestSet, batch_size: int,
@@ -215,7 +217,8 @@ def evaluate(p: EvaluateParams) -> EvaluationSummary:
     holdout_path = p.data_dir / "holdout.parquet"
     holdout = pd.read_parquet(holdout_path) if holdout_path.is_file() else None
     extra = (holdout,) if holdout is not None else ()
-    baseline = (fit_baseline(p.data_dir, test, predictor.pre.image_index, p.seed, extra) if p.baseline else None)
+    baseline = (fit_baseline(p.data_dir, test, predictor.pre.image_index, p.seed, extra, p.primary_metric)
+                if p.baseline else None)
     provenance: dict[str, Any] = {
         "test_set": {"path": str(p.data_dir / "test.parquet"), "fingerprint": fingerprint_test_set(test.table, test.label)},
         "model": {"path": str(p.model_dir), "sha256": sha256_file(p.model_dir / WEIGHTS)},
