@@ -43,6 +43,7 @@ class LinearPenalties(BaseModel):
     chars: float | None = Field(None, gt=0)  # the character grams (train.text_chars)
     categorical: float | None = Field(None, gt=0)
     numerical: float | None = Field(None, gt=0)
+    pairs: float | None = Field(None, gt=0)  # the two-number bins (train.pair_bins)
 
 
 class LoraSettings(BaseModel):
@@ -127,6 +128,8 @@ class TrainConfig(BaseModel):
     frequency_codes: bool = True
     # the row key enters as a number too when every training value is an integer (a catalogue number)
     id_as_number: bool = True
+    # each pair of numbers also gets a label-fitted tree over both, its leaf a code of the linear member alone
+    pair_bins: bool = True
     category_logits: bool = True
     # the linear member: a penalised linear model over the text n-grams, codes and numbers, fitted to
     # convergence before the deep half trains and weighed in the validation mix (fusion_model/wide_fit.py)

@@ -109,7 +109,7 @@ def model_kwargs(cfg: TrainConfig, pre: Preprocessor, num_classes: int, modaliti
         "member_text_scale": [m.text_lr_multiplier for m in cfg.members],
         "member_category_scale": [m.category_lr_multiplier for m in cfg.members],
         "linear_member": cfg.linear_member,
-        "linear_only_codes": len(pre.frequency_codes) if cfg.linear_member else 0,
+        "linear_only_codes": len(pre.frequency_codes) + len(pre.pair_trees) if cfg.linear_member else 0,
         "text_model": text_model_entry(cfg.text_model, cfg.text_pooling, cfg.text_lora)
         if cfg.text_model and "text" in modalities else None,
         "text_weights": str(cfg.text_model) if cfg.text_model else None,  # read at training only, as pretrained
@@ -152,7 +152,7 @@ def build_module(cfg: TrainConfig, data: ValidatedData, modalities: list[str] | 
                            text_max_tokens=cfg.text_max_tokens,
                            labels=train_labels if cfg.fusion == "tabm" else None,
                            ordered_labels=problem_type in ("ordinal", "regression"),
-                           id_as_number=cfg.id_as_number,
+                           id_as_number=cfg.id_as_number, pair_bins=cfg.pair_bins and cfg.linear_member,
                            numeric_output="values" if cfg.fusion == "tabm" else "encodings")
     if modalities is None:
         modalities = used_modalities(cfg, data.train, schema.modalities, schema.columns.image)

@@ -28,6 +28,7 @@ import torch
 from PIL import Image
 
 from fusion_model.dataset import DatasetSchema, canonical, row_images, sort_classes
+from fusion_model.pair_bins import fit_pair_trees, leaves, pair_name
 from fusion_model.text_grams import hashed_grams
 
 # ImageNet statistics: a fixed, documented choice that also suits a local pretrained weights file.
@@ -83,7 +84,9 @@ class Preprocessor:
     vocabularies: dict[str, list[str]]
     numeric_log: list[bool] = field(default_factory=list)  # per numeric input: log1p (never negative in train)
     frequency_columns: list[str] = field(default_factory=list)
-    frequency_codes: list[str] = field(default_factory=list)  # the frequency keys also coded: the last codes
+    frequency_codes: list[str] = field(default_factory=list)  # the frequency keys also coded: the last codes but
+    # the two-number bins (fusion_model/pair_bins.py): each pair's tree, its code "<a> × <b>" the very last codes
+    pair_trees: list[dict[str, Any]] = field(default_factory=list)
     # frequency column -> training rows per value (keys: canonical text)
     frequency_counts: dict[str, dict[str, int]] = field(default_factory=dict)
     text_columns: list[str] = field(default_factory=list)
@@ -115,7 +118,7 @@ class Preprocessor:
         numeric_codes_max: int = 0, labels: np.ndarray | None = None, ordered_labels: bool = False,
         bin_min_rows: int = 8, id_as_number: bool = False, numeric_output: str = "encodings",
         frequency_codes: bool = False, text_chars: int = 0, text_tokenizer: tuple[str, int] | None = None,
-        text_max_tokens: int = 128,
+        text_max_tokens: int = 128, pair_bins: bool = False,
     ) -> Preprocessor:
         """Statistics from the training split only (never val/test: that would leak). A numerical column with
         at most `numeric_codes_max` distinct training values (a year, a count of a few kinds) also enters as
@@ -124,8 +127,10 @@ class Preprocessor:
         With `labels`, each numeric input's bins are the leaves of a decision tree fitted to the training
         labels (rtdl_num_embeddings.compute_bins: at most `numeric_bins` leaves of >= `bin_min_rows` rows;
         a regression tree when `ordered_labels`), so bins are narrow where the label changes; without, its
-        quantiles. `id_as_number`: a row key whose training values are all integers also enters as a number
-        (catalogue numbers and listing ids often follow time, as a tree learner finds). `text_tokenizer`: a
+        quantiles; with `pair_bins` too, each pair of the numerical columns gets a tree of its own over both
+        (same limits), whose leaf enters as a code, after every other. `id_as_number`: a row key whose
+        training values are all integers also enters as a number (catalogue numbers and listing ids often
+        follow time, as a tree learner finds). `text_tokenizer`: a
         text transformer's (tokenizer JSON, padding id), kept to tokenize rows into `text_max_tokens`."""
         columns = schema.columns
         missing = [c for c in (*columns.numerical, *columns.categorical, *columns.text) if c not in train.columns]
@@ -172,6 +177,12 @@ class Preprocessor:
         z = (np.where(np.isnan(raw), mean, raw) - mean) / np.asarray(pre.numeric_std)
         pre.numeric_bins = [_bin_edges(z[:, j], numeric_bins, labels, ordered_labels, bin_min_rows)
                             for j in range(z.shape[1])]
+        if pair_bins and labels is not None:
+            pre.pair_trees = [p for p in fit_pair_trees(z[:, : len(numerical)], numerical, labels, ordered_labels,
+                                                        numeric_bins, bin_min_rows) if pair_name(p) not in train.columns]
+            for name, codes in pre._pair_codes(z).items():
+                pre.categorical_columns.append(name)
+                pre.vocabularies[name] = [str(v) for v in np.unique(codes)]
         pre.text_tables = pre._fit_text(train, text_min_df) if pre.text_columns else None
         return pre
 
@@ -265,13 +276,21 @@ class Preprocessor:
                 out[:, j] = np.log1p(np.clip(out[:, j], 0, None))
         return out
 
-    def numeric(self, df: pd.DataFrame, in_train: bool = False) -> torch.Tensor:
-        """[rows, n_numeric]: standardised values, then their piecewise-linear encodings. `in_train`: the
-        rows are the training rows themselves (their frequencies leave each row out)."""
+    def _standardised(self, df: pd.DataFrame, in_train: bool) -> np.ndarray:
         mean, std = np.asarray(self.numeric_mean), np.asarray(self.numeric_std)
         raw = self._logged(self._numeric_values(df, in_train))
         raw = np.where(np.isnan(raw), mean, raw)  # a missing value becomes the train mean
-        z = (raw - mean) / std
+        return (raw - mean) / std
+
+    def _pair_codes(self, z: np.ndarray) -> dict[str, np.ndarray]:
+        """Each two-number code column's leaf per row, from the standardised numbers `z`."""
+        index = {c: j for j, c in enumerate(self.numeric_columns)}
+        return {pair_name(p): leaves(p["tree"], z[:, [index[c] for c in p["columns"]]]) for p in self.pair_trees}
+
+    def numeric(self, df: pd.DataFrame, in_train: bool = False) -> torch.Tensor:
+        """[rows, n_numeric]: standardised values, then their piecewise-linear encodings. `in_train`: the
+        rows are the training rows themselves (their frequencies leave each row out)."""
+        z = self._standardised(df, in_train)
         if self.numeric_output == "values":
             return torch.from_numpy(z.astype(np.float32))
         parts = [z]
@@ -281,11 +300,14 @@ class Preprocessor:
         return torch.from_numpy(np.concatenate(parts, axis=1).astype(np.float32))
 
     def categorical(self, df: pd.DataFrame) -> torch.Tensor:
-        self._require(df, self.categorical_columns)
+        pairs = {k: pd.Series(v.astype(str), index=df.index)
+                 for k, v in self._pair_codes(self._standardised(df, False)).items()} if self.pair_trees else {}
+        self._require(df, [c for c in self.categorical_columns if c not in pairs])
         out = np.zeros((len(df), len(self.categorical_columns)), dtype=np.int64)
         for j, col in enumerate(self.categorical_columns):
             lookup = {code: i + 1 for i, code in enumerate(self.vocabularies[col])}
-            out[:, j] = df[col].map(canonical).map(lookup).fillna(0).to_numpy(dtype=np.int64)
+            values = pairs[col] if col in pairs else df[col].map(canonical)
+            out[:, j] = values.map(lookup).fillna(0).to_numpy(dtype=np.int64)
         return torch.from_numpy(out)
 
     def _joined(self, df: pd.DataFrame) -> pd.Series:

@@ -101,8 +101,10 @@ class CategoryLogit(nn.Module):
 
 
 
-# the linear member's inputs, each with its own penalty; the word and character grams share `text_weight`
-LINEAR_BLOCKS = ("text", "chars", "categorical", "numerical")
+# the linear member's inputs, each with its own penalty; the word and character grams share `text_weight`,
+# the columns' codes and the two-number bins' codes (fusion_model/pair_bins.py) `categorical_weight`
+LINEAR_BLOCKS = ("text", "chars", "categorical", "numerical", "pairs")
+_TABLE = {"chars": "text", "pairs": "categorical"}
 
 
 class LinearMember(nn.Module):
@@ -135,7 +137,7 @@ class LinearMember(nn.Module):
         self.ordinal = bool(ordinal_classes)
 
     def weight(self, block: str) -> torch.Tensor:
-        return self.get_buffer(f"{'text' if block == 'chars' else block}_weight")
+        return self.get_buffer(f"{_TABLE.get(block, block)}_weight")
 
     FIT_BUFFERS = ("text_weight", "categorical_weight", "numerical_weight", "intercept")
 

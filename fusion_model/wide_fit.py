@@ -41,6 +41,8 @@ L2_GRIDS = {
     "chars": (0.15, 0.5, 1.5, 5.0, 15.0, 50.0, 150.0),
     "categorical": (0.15, 0.5, 1.5, 5.0, 15.0, 50.0, 150.0),
     "numerical": (0.15, 0.5, 1.5, 5.0, 15.0, 50.0, 150.0),
+    # coarser, up to a penalty that leaves the two-number bins out in effect where the table holds no crossing
+    "pairs": (0.15, 1.5, 15.0, 150.0, 1500.0),
 }
 # L-BFGS stops when an iteration lowers the objective by less than this share; the penalties are compared
 # between fits this converged: stopped at 1e-5, a fit started from the one before stays near it, and which
@@ -51,8 +53,9 @@ MAX_ITER = 300
 Design = dict[str, sp.csr_matrix]  # block name (LINEAR_BLOCKS) -> [rows, block inputs]
 
 
-def design(model: FusionModel, batch: dict[str, torch.Tensor]) -> Design:
-    """The linear member's inputs as sparse matrices, block by block, exactly as its forward computes them."""
+def design(model: FusionModel, batch: dict[str, torch.Tensor], pair_codes: int = 0) -> Design:
+    """The linear member's inputs as sparse matrices, block by block, exactly as its forward computes them;
+    the last `pair_codes` code columns (the two-number bins) as a block of their own."""
     assert model.linear is not None
     dense = model.linear.inputs(getattr(model, "text", None), batch, split_chars=True)
     out: Design = {}
@@ -65,9 +68,15 @@ def design(model: FusionModel, batch: dict[str, torch.Tensor]) -> Design:
                                    shape=(rows.shape[0], model.linear.weight(name).shape[0]))
             matrix.sum_duplicates()  # two grams of a row hashed to one bucket
         elif name == "categorical":
-            n, cols = value.shape
-            matrix = sp.csr_matrix((np.ones(n * cols), (np.repeat(np.arange(n), cols), value.numpy().ravel())),
-                                   shape=(n, model.linear.weight(name).shape[0]))
+            table = model.linear.weight(name).shape[0]
+            codes = value.numpy()
+            for block, part in (("categorical", codes[:, : codes.shape[1] - pair_codes]),
+                                ("pairs", codes[:, codes.shape[1] - pair_codes:])):
+                n, cols = part.shape
+                if cols:
+                    out[block] = sp.csr_matrix((np.ones(n * cols), (np.repeat(np.arange(n), cols), part.ravel())),
+                                               shape=(n, table))
+            continue
         else:
             matrix = sp.csr_matrix(value.double().numpy())
         out[name] = matrix
@@ -258,7 +267,7 @@ def carried_over(glm: Glm, before: Preprocessor, after: Preprocessor, model: Fus
         if block in ("text", "chars") and before.text_tables is not None and after.text_tables is not None:
             buckets = np.flatnonzero(after.text_tables["rows"])
             new[after.text_tables["rows"][buckets]] = w[before.text_tables["rows"][buckets]]
-        elif block == "categorical":
+        elif block in ("categorical", "pairs"):  # one table: every code's row carried, the block's are not zero
             old_start = dict(zip(before.categorical_columns, _starts(before.cardinalities), strict=True))
             for column, start in zip(after.categorical_columns, _starts(after.cardinalities), strict=True):
                 if column in old_start:
@@ -287,7 +296,7 @@ def _starts(sizes: list[int]) -> list[int]:
 def fit_linear(model: FusionModel, batch: dict[str, torch.Tensor], labels: torch.Tensor, *,
                l2: dict[str, float | None], loss_kwargs: dict | None = None,
                val_batch: dict[str, torch.Tensor] | None = None, val_labels: torch.Tensor | None = None,
-               start: Glm | None = None, sums: RankSums | None = None) -> tuple[dict, Glm]:
+               start: Glm | None = None, sums: RankSums | None = None, pair_codes: int = 0) -> tuple[dict, Glm]:
     """Fit the model's linear member on `batch` (a block's penalty left None is chosen on `val_batch`; with
     every penalty given, from `start`) and write it into its buffers; returns the penalties used, the
     losses and the penalties tried, and the fit. With `sums` across ranks, the batches are this rank's
@@ -296,9 +305,9 @@ def fit_linear(model: FusionModel, batch: dict[str, torch.Tensor], labels: torch
     if linear is None:
         return {}, Glm({}, np.zeros(0), 0.0)
     kwargs = loss_kwargs or {}
-    train = design(model, batch)
+    train = design(model, batch, pair_codes)
     problem = _Problem(model, labels, kwargs, sums)
-    val = design(model, val_batch) if val_batch is not None else None
+    val = design(model, val_batch, pair_codes) if val_batch is not None else None
     val_problem = _Problem(model, val_labels, kwargs, sums) if val_labels is not None else None
     unset = [b for b in train if l2.get(b) is None]
     tried: dict[str, dict[float, float]] = {}
@@ -346,13 +355,15 @@ def fit_linear_member(model: Any, pre: Preprocessor, data: ValidatedData, labels
         scale = {"target_mean": float(model.target_mean), "target_std": float(model.target_std),
                  "target_transform": model.target_transform}
     l2 = cfg.linear_l2.model_dump()
+    if not pre.pair_trees:
+        del l2["pairs"]  # no such block: nothing to choose
     choose = any(v is None for v in l2.values())
     started = time.perf_counter()
     report, glm = fit_linear(model, batch(own(data.train), True), torch.as_tensor(labels[sums.share(len(labels))]),
                              l2=l2, loss_kwargs=scale, val_batch=batch(own(data.val), False) if choose else None,
                              val_labels=torch.as_tensor(data.labels(own(data.val))) if choose else None,
                              start=carried_over(start[1], start[0], pre, model) if start and not choose else None,
-                             sums=sums)
+                             sums=sums, pair_codes=len(pre.pair_trees))
     report["fit_wall_s"] = round(time.perf_counter() - started, 2)
     report["rows"] = len(data.train)
     if int(os.environ.get("RANK", "0")) == 0:

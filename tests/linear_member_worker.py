@@ -26,9 +26,11 @@ from fusion_model.fit import build_module  # noqa: E402
 
 def config(validated: Path, **keys: object) -> TrainConfig:
     # refit: true, so a built module holds the selection's fit of the training rows (refit "linear" would
-    # put the train + val fit in its buffers: tests/test_refit.py)
+    # put the train + val fit in its buffers: tests/test_refit.py); the two-number bins' block is
+    # tests/test_pair_bins.py's
     return TrainConfig.model_validate({"data_dir": validated, "image_size": 32, "hidden_sizes": [16, 16],
-                                       "ensemble_size": 4, "text_buckets": 4096, "refit": True, **keys})
+                                       "ensemble_size": 4, "text_buckets": 4096, "refit": True,
+                                       "pair_bins": False, **keys})
 
 
 def main() -> None:

@@ -159,6 +159,13 @@ def test_a_frequency_key_is_a_code_of_the_linear_member_alone(tmp_path: Path) ->
     assert rescuer_rows.abs().sum() > 0  # fitted: the rescuer carries the label here
     without = build_module(_config(validated, frequency_codes=False), data)[0]
     assert "RescuerID" not in without.categorical_columns
+    # the two-number bins (tests/test_pair_bins.py) come after it, codes of the linear member alone as well
+    paired, kwargs, module = build_module(_config(validated, pair_bins=True), data)
+    pairs = len(paired.pair_trees)
+    assert pairs and paired.categorical_columns[: len(pre.categorical_columns)] == pre.categorical_columns
+    assert all(" × " in c for c in paired.categorical_columns[-pairs:])
+    assert kwargs["linear_only_codes"] == 1 + pairs and len(module.model.tabular.embeddings) == deep
+    assert module.model.linear.categorical_weight.shape[0] == sum(paired.cardinalities)
 
 
 def test_the_refit_starts_from_the_selections_fit_and_reaches_the_same_optimum(validated: Path,
