@@ -16,6 +16,15 @@ from typing import Any
 import numpy as np
 
 SEPARATOR = " × "  # a pair code's column name: "<first> × <second>"
+# a wide table pairs only this many of its numbers (66 pairs): those whose own label-fitted bins are the most
+# numerous, i.e. where the one-number trees found the most to split on (pairs grow with the square)
+MAX_PAIRED = 12
+
+
+def paired_numbers(bin_counts: list[int], limit: int = MAX_PAIRED) -> list[int]:
+    """Which numbers (indices, in column order) are paired: every one, or the `limit` with the most bins."""
+    ranked = sorted(range(len(bin_counts)), key=lambda j: -bin_counts[j])[:limit]
+    return sorted(ranked)
 
 
 def fit_pair_tree(x: np.ndarray, labels: np.ndarray, ordered: bool, max_leaves: int, min_rows: int) -> dict[str, Any]:

@@ -28,7 +28,7 @@ import torch
 from PIL import Image
 
 from fusion_model.dataset import DatasetSchema, canonical, row_images, sort_classes
-from fusion_model.pair_bins import fit_pair_trees, leaves, pair_name
+from fusion_model.pair_bins import fit_pair_trees, leaves, pair_name, paired_numbers
 from fusion_model.text_grams import hashed_grams
 
 # ImageNet statistics: a fixed, documented choice that also suits a local pretrained weights file.
@@ -178,8 +178,10 @@ class Preprocessor:
         pre.numeric_bins = [_bin_edges(z[:, j], numeric_bins, labels, ordered_labels, bin_min_rows)
                             for j in range(z.shape[1])]
         if pair_bins and labels is not None:
-            pre.pair_trees = [p for p in fit_pair_trees(z[:, : len(numerical)], numerical, labels, ordered_labels,
-                                                        numeric_bins, bin_min_rows) if pair_name(p) not in train.columns]
+            paired = paired_numbers([len(e) for e in pre.numeric_bins[: len(numerical)]])
+            pre.pair_trees = [p for p in fit_pair_trees(z[:, paired], [numerical[j] for j in paired], labels,
+                                                        ordered_labels, numeric_bins, bin_min_rows)
+                              if pair_name(p) not in train.columns]
             for name, codes in pre._pair_codes(z).items():
                 pre.categorical_columns.append(name)
                 pre.vocabularies[name] = [str(v) for v in np.unique(codes)]

@@ -17,7 +17,7 @@ from sklearn.tree import DecisionTreeClassifier, DecisionTreeRegressor
 from fusion_model.data import FusionDataset, ValidatedData
 from fusion_model.dataset import resolve_schema
 from fusion_model.fit import build_module
-from fusion_model.pair_bins import fit_pair_tree, leaves
+from fusion_model.pair_bins import MAX_PAIRED, fit_pair_tree, leaves, paired_numbers
 from fusion_model.preprocess import Preprocessor
 from fusion_model.wide_fit import L2_GRIDS, design
 from tests.linear_member_worker import config
@@ -116,3 +116,11 @@ def test_the_pairs_are_a_block_of_the_linear_member_with_its_own_penalty_chosen_
     np.testing.assert_allclose(ours, theirs, atol=1e-4)
     rows = np.unique(codes[:, -pairs:])
     assert model.linear.categorical_weight[rows].abs().sum() > 0  # fitted, at the penalty chosen
+
+
+def test_a_wide_table_pairs_only_the_numbers_whose_own_bins_found_the_most() -> None:
+    counts = [3, 9, 1, 9, 5, 2, 8, 7, 4, 6, 2, 10, 11, 2]  # 14 numbers: 91 pairs, too many
+    chosen = paired_numbers(counts)
+    assert len(chosen) == MAX_PAIRED == 12 and chosen == sorted(chosen)
+    assert set(range(14)) - set(chosen) == {2, 13}  # the fewest bins left out, a tie by column order
+    assert paired_numbers([4, 2, 3]) == [0, 1, 2]  # a narrow table: every number
