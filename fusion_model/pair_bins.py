@@ -53,7 +53,7 @@ def leaves(tree: dict[str, Any], x: np.ndarray) -> np.ndarray:
 
 
 def fit_pair_trees(z: np.ndarray, names: list[str], labels: np.ndarray, ordered: bool, max_leaves: int,
-               min_rows: int) -> list[dict[str, Any]]:
+                   min_rows: int) -> list[dict[str, Any]]:
     """A tree for each pair of the numbers `names` (columns of `z`) that varies in training; only trees
     that split (more than one leaf) are kept."""
     out = []

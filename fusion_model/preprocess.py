@@ -130,8 +130,8 @@ class Preprocessor:
         quantiles; with `pair_bins` too, each pair of the numerical columns gets a tree of its own over both
         (same limits), whose leaf enters as a code, after every other. `id_as_number`: a row key whose
         training values are all integers also enters as a number (catalogue numbers and listing ids often
-        follow time, as a tree learner finds). `text_tokenizer`: a
-        text transformer's (tokenizer JSON, padding id), kept to tokenize rows into `text_max_tokens`."""
+        follow time, as a tree learner finds). `text_tokenizer`: a text transformer's (tokenizer JSON,
+        padding id), kept to tokenize rows into `text_max_tokens`."""
         columns = schema.columns
         missing = [c for c in (*columns.numerical, *columns.categorical, *columns.text) if c not in train.columns]
         if missing:
