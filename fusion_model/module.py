@@ -40,6 +40,14 @@ def monitor_mode(problem_type: str) -> str:
     return "max" if greater_is_better(metric_name(problem_type)) else "min"
 
 
+def in_row_order(gathered: torch.Tensor, rows: int) -> torch.Tensor:
+    """Every rank's validation outputs [ranks, rows per rank, ...] as the table's `rows` rows, each once.
+    The distributed sampler (unshuffled) deals row i to rank i % ranks and, so that each rank gets as many,
+    deals the first rows again after the last: counted twice, they would tilt the mix, the decision rule
+    and the epoch's metric towards those rows."""
+    return gathered.transpose(0, 1).reshape(-1, *gathered.shape[2:])[:rows]
+
+
 class FusionModule(pl.LightningModule):
     def __init__(
         self, model_kwargs: dict[str, Any], *, lr: float, weight_decay: float, warmup_fraction: float = 0.1,
@@ -114,11 +122,11 @@ class FusionModule(pl.LightningModule):
             self._load_linear_fit("kept")
 
     def _gathered(self, parts: list[torch.Tensor]) -> torch.Tensor:
-        """This epoch's rows of every rank (the distributed sampler gives each rank as many)."""
+        """This epoch's validation rows of every rank, each row once, in the table's order."""
         local = torch.cat(parts)
         if self.trainer.world_size == 1:
             return local
-        return self.all_gather(local).reshape(-1, *local.shape[1:])
+        return in_row_order(self.all_gather(local), len(self.trainer.val_dataloaders.dataset))
 
     def _end_validation_epoch(self) -> None:
         if not self._val_raw or self.trainer.sanity_checking:
