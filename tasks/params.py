@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -181,7 +181,9 @@ class ValidateParams(_Section):
     dataset_dir: Path = Path("data/accumulated/dataset")
     out_dir: Path = Path("data/validated")
     report_dir: Path = Path("reports")
-    val_fraction: float = Field(0.2, gt=0, lt=1)
+    val_fraction: Annotated[float, Field(gt=0, lt=1)] | Literal["auto"] = Field(
+        "auto", description="share of the labelled rows held out to validate on; auto: AutoGluon's holdout rule "
+                            "(tasks/checks/tables.py, auto_val_fraction)")
     seed: int = 42
     workers: int = Field(2, ge=1)
     seen_codes_mostly: float = Field(

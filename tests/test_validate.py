@@ -20,7 +20,7 @@ from fusion_model.dataset import resolve_schema
 from fusion_model.presets.petfinder import CATEGORICAL_COLUMNS, LABEL, NUMERIC_COLUMNS
 from tasks.checks.report import ValidationReport, render_html, render_markdown
 from tasks.checks.suite import suite_json, suite_path
-from tasks.checks.tables import stratified_split
+from tasks.checks.tables import auto_val_fraction, stratified_split
 from tasks.params import ValidateParams
 from tasks.validate import ValidationError, validate
 
@@ -78,7 +78,7 @@ def test_good_dataset_passes_with_the_contract_layout(tiny_validated: Path, tiny
     # Stored relative to out_dir (the same in every clone), resolving to the raw folder.
     assert not Path(meta["dataset_root"]).is_absolute()
     assert (tiny_validated / meta["dataset_root"]).resolve() == tiny_raw_dataset.resolve()
-    assert meta["rows"] == {"train": 192, "val": 48, "test": 80}
+    assert meta["rows"] == {"train": 192, "val": 48, "test": 80} and meta["val_fraction"] == 0.2  # auto: a fifth
 
     raw_train = pd.read_csv(tiny_raw_dataset / "train.csv", index_col=0)
     tables = {n: pd.read_parquet(tiny_validated / f"{n}.parquet") for n in ("train", "val", "test")}
@@ -116,6 +116,23 @@ def test_stratified_split_is_deterministic_and_keeps_rare_classes() -> None:
     assert val[LABEL].value_counts().to_dict() == {0: 16, 1: 4, 2: 1}
     assert set(train[LABEL]) == {0, 1, 2, 3}  # a class with one row stays in train
     assert not val.row_id.equals(stratified_split(table, LABEL, 0.2, seed=8)[1].row_id)
+
+
+def test_auto_val_fraction_follows_the_autogluon_holdout_rule() -> None:
+    assert auto_val_fraction(240) == 0.2  # a small table: a fifth
+    assert auto_val_fraction(3000) == pytest.approx(500 / 3000)  # then 500 rows ...
+    assert auto_val_fraction(6473) == 0.1  # ... a tenth from 5,000 labelled rows
+    assert auto_val_fraction(100_000) == pytest.approx(0.025)  # ~2,500 rows on a large table
+    assert auto_val_fraction(10_000_000) == 0.01
+
+
+def test_a_given_val_fraction_is_used_and_recorded(dataset: Path, tmp_path: Path) -> None:
+    validate(params_for(dataset, tmp_path, val_fraction=0.25))
+    meta = json.loads((tmp_path / "data" / "validated" / "meta.json").read_text())
+    assert meta["rows"]["val"] == 60 and meta["val_fraction"] == 0.25
+    for bad in (0, 1.0, "half"):
+        with pytest.raises(ValueError, match="val_fraction"):
+            ValidateParams(val_fraction=bad)
 
 
 def test_extra_columns_and_absent_optional_columns_are_tolerated(dataset: Path, tmp_path: Path, tiny_validated: Path) -> None:

@@ -32,6 +32,7 @@ from tasks.checks.report import (
 from tasks.checks.run import ValidationError, check_tables, newest_holdout
 from tasks.checks.tables import (
     LabelRule,
+    auto_val_fraction,
     stratified_split,
     typed_table,
 )
@@ -73,7 +74,9 @@ def write_outputs(
     beside out_dir, then swap."""
     out_dir = Path(params.out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    train, val = stratified_split(tables["train"], schema.label.column, params.val_fraction, params.seed,
+    fraction = (auto_val_fraction(len(tables["train"])) if params.val_fraction == "auto"
+                else float(params.val_fraction))
+    train, val = stratified_split(tables["train"], schema.label.column, fraction, params.seed,
                                   stratify=rule.problem_type != "regression")
     splits = {"train": train, "val": val, "test": tables["test"]}
     if "holdout" in tables:
@@ -93,6 +96,7 @@ def write_outputs(
             "id": schema.id,
             "schema": schema.model_dump(mode="json"),  # what every later stage reads the columns from
             "rows": rows,
+            "val_fraction": round(fraction, 6),
             "holdout": holdout_file,  # the newest arriving batch's held-out rows, scored beside the test set
         }
         write_json(staged / "meta.json", meta)
