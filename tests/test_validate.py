@@ -78,7 +78,7 @@ def test_good_dataset_passes_with_the_contract_layout(tiny_validated: Path, tiny
     # Stored relative to out_dir (the same in every clone), resolving to the raw folder.
     assert not Path(meta["dataset_root"]).is_absolute()
     assert (tiny_validated / meta["dataset_root"]).resolve() == tiny_raw_dataset.resolve()
-    assert meta["rows"] == {"train": 192, "val": 48, "test": 80} and meta["val_fraction"] == 0.2  # auto: a fifth
+    assert meta["rows"] == {"train": 192, "val": 48, "test": 80} and meta["val_fraction"] == 0.2
 
     raw_train = pd.read_csv(tiny_raw_dataset / "train.csv", index_col=0)
     tables = {n: pd.read_parquet(tiny_validated / f"{n}.parquet") for n in ("train", "val", "test")}
@@ -126,10 +126,15 @@ def test_auto_val_fraction_follows_the_autogluon_holdout_rule() -> None:
     assert auto_val_fraction(10_000_000) == 0.01
 
 
-def test_a_given_val_fraction_is_used_and_recorded(dataset: Path, tmp_path: Path) -> None:
-    validate(params_for(dataset, tmp_path, val_fraction=0.25))
+@pytest.mark.parametrize(("given", "val_rows", "recorded"), [(0.25, 60, 0.25), ("auto", 48, 0.2)])
+def test_the_val_fraction_is_used_and_recorded(dataset: Path, tmp_path: Path, given: float | str, val_rows: int,
+                                               recorded: float) -> None:
+    validate(params_for(dataset, tmp_path, val_fraction=given))
     meta = json.loads((tmp_path / "data" / "validated" / "meta.json").read_text())
-    assert meta["rows"]["val"] == 60 and meta["val_fraction"] == 0.25
+    assert meta["rows"]["val"] == val_rows and meta["val_fraction"] == recorded
+
+
+def test_a_val_fraction_out_of_range_is_refused_naming_the_key() -> None:
     for bad in (0, 1.0, "half"):
         with pytest.raises(ValueError, match="val_fraction"):
             ValidateParams(val_fraction=bad)
