@@ -316,8 +316,7 @@ def mark_seen(frame: pd.DataFrame, seen: dict[str, set[str]]) -> None:
 def auto_val_fraction(labelled_rows: int) -> float:
     """The share of the labelled rows held out to validate on, by AutoGluon's rule (its default holdout_frac):
     a fifth of a small table, but at least 500 rows up to 5,000, then a tenth, shrinking to keep ~2,500
-    rows above 25,000. On a mid-sized table the rows the models learn from count for more than a larger
-    validation set (BENCHMARKS.md)."""
+    rows above 25,000: more rows to learn from, fewer to choose on (BENCHMARKS.md measures the trade)."""
     if labelled_rows < 5000:
         return max(0.1, min(0.2, 500.0 / max(labelled_rows, 1)))
     return max(0.01, min(0.1, 2500.0 / labelled_rows))
