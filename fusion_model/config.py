@@ -128,6 +128,8 @@ class TrainConfig(BaseModel):
     frequency_codes: bool = True
     # the row key enters as a number too when every training value is an integer (a catalogue number)
     id_as_number: bool = True
+    # so does each code whose training values are all whole numbers, of more than two (an item number)
+    codes_as_numbers: bool = True
     # each pair of numbers also gets a label-fitted tree over both, its leaf a code of the linear member alone
     pair_bins: bool = True
     category_logits: bool = True

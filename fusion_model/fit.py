@@ -152,7 +152,8 @@ def build_module(cfg: TrainConfig, data: ValidatedData, modalities: list[str] | 
                            text_max_tokens=cfg.text_max_tokens,
                            labels=train_labels if cfg.fusion == "tabm" else None,
                            ordered_labels=problem_type in ("ordinal", "regression"),
-                           id_as_number=cfg.id_as_number, pair_bins=cfg.pair_bins and cfg.linear_member,
+                           id_as_number=cfg.id_as_number, codes_as_numbers=cfg.codes_as_numbers,
+                           pair_bins=cfg.pair_bins and cfg.linear_member,
                            numeric_output="values" if cfg.fusion == "tabm" else "encodings")
     if modalities is None:
         modalities = used_modalities(cfg, data.train, schema.modalities, schema.columns.image)

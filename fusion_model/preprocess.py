@@ -1,16 +1,14 @@
 """Feature preprocessing fitted on the training split only and saved with the model as plain JSON.
 
-The columns come from the dataset schema (fusion_model/dataset.py). Tabular: the numerical columns and
-the frequencies of the `frequency` columns (how many training rows share the row's value: listings per
-rescuer, how common a breed is) are log1p-transformed when never negative in training (skewed counts and
-amounts), standardised, then each is also given a piecewise-linear encoding over its training quantiles
-(a value's position within each bin, 0..1), which lets an MLP bend where trees would split; a missing
-number becomes the training mean. Categorical values (canonical text) are mapped through a train
-vocabulary (index 0 = unseen value). Text: the text columns joined, lower-cased, cut into word
-1..`text_ngrams`-grams hashed into `text_buckets` (crc32: stable everywhere, no vocabulary to download);
-each row is its distinct n-grams with their counts. Which buckets count, their idf and n-gram order are
-fitted here too, but are tables of the model (`text_tables`, loaded into its buffers), so they travel in
-model.safetensors, not in JSON. Images: one image per row (``image_index`` among the photos of all image
+The columns come from the dataset schema (fusion_model/dataset.py). Tabular: the numbers and the
+frequencies of the `frequency` columns (training rows sharing the row's value: listings per rescuer) are
+log1p-transformed when never negative in training (skewed counts and amounts) and standardised, with bins
+for piecewise-linear encodings (an MLP bends where trees would split); a missing number becomes the
+training mean. Categorical values (canonical text) map through a train vocabulary (0 = unseen value).
+Text: the text columns joined, lower-cased, cut into word 1..`text_ngrams`-grams hashed into
+`text_buckets` (crc32: stable everywhere, no vocabulary to download); each row is its distinct n-grams with
+their counts. Which buckets count, their idf and n-gram order are fitted here too, but are tables of the
+model (`text_tables`, loaded into its buffers), so they travel in model.safetensors, not in JSON. Images: one image per row (``image_index`` among the photos of all image
 columns, falling back to the last one a row has), resized to a square and normalised with fixed channel
 statistics; a row without photos gets a blank image and a mask of 0, so the model ignores its image input.
 """
@@ -49,6 +47,13 @@ def _integer_valued(values: pd.Series) -> bool:
     """Every cell a whole number (an integer column, or text of digits such as "15970")."""
     numbers = pd.to_numeric(values, errors="coerce")
     return bool(len(values)) and bool(numbers.notna().all()) and bool((numbers == numbers.round()).all())
+
+
+def integer_codes(train: pd.DataFrame, columns: list[str]) -> list[str]:
+    """The codes whose filled training cells are whole numbers of more than two values (an item number):
+    their order may mean what a tree learner finds in it (AutoGluon reads such a column as a number)."""
+    filled = {c: train[c].map(canonical).replace("", None).dropna() for c in columns if c in train.columns}
+    return [c for c, v in filled.items() if v.nunique() > 2 and _integer_valued(v)]
 
 
 def _bin_edges(z: np.ndarray, n_bins: int, labels: np.ndarray | None, ordered: bool, min_rows: int) -> list[float]:
@@ -116,7 +121,8 @@ class Preprocessor:
         cls, train: pd.DataFrame, schema: DatasetSchema, *, text_buckets: int, image_size: int, image_index: int,
         text_ngrams: int = 3, text_min_df: int = 2, text_max_features: int = 1024, numeric_bins: int = 16,
         numeric_codes_max: int = 0, labels: np.ndarray | None = None, ordered_labels: bool = False,
-        bin_min_rows: int = 8, id_as_number: bool = False, numeric_output: str = "encodings",
+        bin_min_rows: int = 8, id_as_number: bool = False, codes_as_numbers: bool = False,
+        numeric_output: str = "encodings",
         frequency_codes: bool = False, text_chars: int = 0, text_tokenizer: tuple[str, int] | None = None,
         text_max_tokens: int = 128, pair_bins: bool = False,
     ) -> Preprocessor:
@@ -130,8 +136,8 @@ class Preprocessor:
         quantiles; with `pair_bins` too, each pair of the numerical columns gets a tree of its own over both
         (same limits), whose leaf enters as a code, after every other. `id_as_number`: a row key whose
         training values are all integers also enters as a number (catalogue numbers and listing ids often
-        follow time, as a tree learner finds). `text_tokenizer`: a text transformer's (tokenizer JSON,
-        padding id), kept to tokenize rows into `text_max_tokens`."""
+        follow time, as a tree learner finds); `codes_as_numbers`: so do the `integer_codes`.
+        `text_tokenizer`: a text transformer's (tokenizer JSON, padding id), for `text_max_tokens`."""
         columns = schema.columns
         missing = [c for c in (*columns.numerical, *columns.categorical, *columns.text) if c not in train.columns]
         if missing:
@@ -148,6 +154,8 @@ class Preprocessor:
         if id_as_number and schema.id and schema.id in train.columns and schema.id not in numerical \
                 and _integer_valued(train[schema.id]):
             numerical.append(schema.id)
+        if codes_as_numbers:
+            numerical += [c for c in integer_codes(train, list(columns.categorical)) if c not in numerical]
         pre = cls(
             numeric_columns=[*numerical, *(c + FREQUENCY_SUFFIX for c in schema.frequency)],
             numeric_mean=[], numeric_std=[], numeric_bins=[],

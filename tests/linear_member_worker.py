@@ -27,10 +27,11 @@ from fusion_model.fit import build_module  # noqa: E402
 def config(validated: Path, **keys: object) -> TrainConfig:
     # refit: true, so a built module holds the selection's fit of the training rows (refit "linear" would
     # put the train + val fit in its buffers: tests/test_refit.py); the two-number bins' block is
-    # tests/test_pair_bins.py's
+    # tests/test_pair_bins.py's, the codes read as numbers tests/test_model.py's (beside their own codes on 96
+    # rows they leave an ordinal fit so flat that where L-BFGS stops turns on the order two ranks add in)
     return TrainConfig.model_validate({"data_dir": validated, "image_size": 32, "hidden_sizes": [16, 16],
                                        "ensemble_size": 4, "text_buckets": 4096, "refit": True,
-                                       "pair_bins": False, **keys})
+                                       "pair_bins": False, "codes_as_numbers": False, **keys})
 
 
 def main() -> None:

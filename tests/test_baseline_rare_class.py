@@ -60,3 +60,22 @@ def test_the_multiclass_baseline_takes_the_macro_f1_rule_only_where_macro_f1_is_
     assert np.array_equal(argmax.prediction, argmax.proba.argmax(1))
     assert np.allclose(rule.proba, argmax.proba)  # the same trees; only the decision differs
     assert (rule.prediction == 2).sum() > (argmax.prediction == 2).sum()
+
+
+def test_a_code_of_whole_numbers_also_reaches_the_trees_as_a_number(tmp_path: Path) -> None:
+    """An item number declared a code, whose order tells the label (items numbered by kind): the test rows'
+    items were never seen in training, so only the number's order can tell them apart."""
+    schema = resolve_schema({"preset": None, "id": None, "label": {"column": "y", "problem_type": "binary"},
+                             "columns": {"text": ["name"], "categorical": ["item"], "numerical": ["x"]}})
+    rng = np.random.default_rng(5)
+    items = rng.permutation(1000)
+    parts = np.split(items, [400, 600])  # training, validation and test rows each their own items
+
+    def table(numbers: np.ndarray, seed: int) -> tuple[pd.DataFrame, np.ndarray]:
+        r = np.random.default_rng(seed)
+        return (pd.DataFrame({"name": ["an item"] * len(numbers), "item": [str(n) for n in numbers],
+                              "x": r.normal(0, 1, len(numbers))}), (numbers >= 500).astype(int))
+
+    (train, y_train), (val, y_val), (test, y_test) = (table(p, i) for i, p in enumerate(parts))
+    got = fit_and_score(train, val, test, y_train, y_val, schema, "binary", 2, seed=0, images_root=tmp_path)
+    assert (got.predictions.prediction == y_test).mean() > 0.9

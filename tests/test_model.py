@@ -17,7 +17,7 @@ from fusion_model.dataset import resolve_schema
 from fusion_model.image_encoder import ImageEncoder
 from fusion_model.model import FusionModel
 from fusion_model.predict import PredictError, Predictor, build_model, read_rows_csv
-from fusion_model.preprocess import PreprocessError, Preprocessor
+from fusion_model.preprocess import PreprocessError, Preprocessor, integer_codes
 from tests.validated_tables import make_validated
 
 
@@ -429,6 +429,28 @@ def test_a_numerical_column_with_few_values_is_also_a_code(validated: Path) -> N
     assert all(c in pre.numeric_columns for c in coded)  # still a number too
     codes = pre.categorical(data.train.iloc[:3])
     assert codes.shape == (3, len(pre.categorical_columns)) and (codes[:, -1] > 0).all()
+
+
+def test_integer_codes_are_codes_of_whole_numbers_of_more_than_two_values() -> None:
+    table = pd.DataFrame({"item": ["15970", "7", "", "301"], "flag": ["1", "2", "1", "2"],
+                          "colour": ["Red", "Blue", "Red", "Navy"], "size": ["1", "2", "3", "3.5"]})
+    assert integer_codes(table, ["item", "flag", "colour", "size", "absent"]) == ["item"]
+
+
+def test_a_code_of_whole_numbers_also_enters_as_a_number_in_its_order(validated: Path) -> None:
+    data = ValidatedData.read(validated)
+    numbered = integer_codes(data.train, list(data.schema.columns.categorical))
+    assert numbered  # the PetFinder-shaped table's breed and colour numbers
+    fit = {"text_buckets": 256, "image_size": 32, "image_index": 0}
+    off = Preprocessor.fit(data.train, data.schema, **fit)
+    pre = Preprocessor.fit(data.train, data.schema, codes_as_numbers=True, **fit)
+    assert not set(numbered) & set(off.numeric_columns)
+    assert pre.categorical_columns == off.categorical_columns  # still a code too
+    rows = data.val.iloc[:20]
+    for column in numbered:
+        z = pre._standardised(rows, in_train=False)[:, pre.numeric_columns.index(column)]
+        order = np.argsort(pd.to_numeric(rows[column]).to_numpy(), kind="stable")
+        assert np.all(np.diff(z[order]) >= 0)  # the bigger number, the bigger input
 
 
 def test_a_model_of_the_earlier_format_still_loads_and_predicts(validated: Path, pre: Preprocessor,

@@ -11,8 +11,8 @@ signal the network gets (the columns by role of the dataset schema):
 - the codes and the `dataset.frequency` keys (a rescuer, an item: thousands of values), target-encoded
   out of fold (scikit-learn's TargetEncoder: each value's shrunk mean label, cross-fitted);
 - their out-of-fold scores on the training rows (full-fit scores on the other rows) are features, beside
-  the tabular columns (the frequent codes as native categories, numbers), the lengths of the texts and the
-  same training-row frequencies the network counts, of
+  the tabular columns (the frequent codes as native categories, numbers, codes of whole numbers also as
+  numbers), the lengths of the texts and the same training-row frequencies the network counts, of
 - a gradient-boosted tree model (HistGradientBoosting): a classifier for binary and multiclass labels, a
   regressor for ordinal (on the class index) and regression labels (on the transformed target).
 
@@ -44,6 +44,7 @@ from sklearn.preprocessing import StandardScaler, TargetEncoder
 from fusion_model.dataset import DatasetSchema, canonical, row_images
 from fusion_model.decision import apply_class_bias, apply_cutpoints, fit_class_bias, fit_cutpoints
 from fusion_model.predict import Predictions
+from fusion_model.preprocess import integer_codes
 
 NAME = ("HistGradientBoosting(tabular + text lengths + frequencies) + out-of-fold target-encoded codes, TF-IDF "
         "text and colour-feature image scores, refitted on train + val")
@@ -188,11 +189,13 @@ def _frequent_categories(train: pd.DataFrame, columns: list[str]) -> dict[str, l
 
 
 def _tabular(df: pd.DataFrame, schema: DatasetSchema, categories: dict[str, list[str]],
-             counts: dict[str, pd.Series], in_train: bool) -> pd.DataFrame:
+             counts: dict[str, pd.Series], in_train: bool, numbered: list[str]) -> pd.DataFrame:
     out = pd.DataFrame(index=df.index)
     for col in schema.columns.categorical:
         values = df[col].map(canonical)
         out[col] = pd.Categorical(values.where(values.isin(categories[col])), categories=categories[col])
+    for col in numbered:  # a code of whole numbers (an item number) also as a number, as the network reads it
+        out[f"{col}_number"] = pd.to_numeric(df[col], errors="coerce").astype("float64")
     for col in schema.columns.numerical:
         out[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
     for col in schema.columns.text:
@@ -230,8 +233,9 @@ def _features(train: pd.DataFrame, tests: list[pd.DataFrame], target: np.ndarray
     """The trees' inputs for the training rows (every score out of fold) and for each other table."""
     categories = _frequent_categories(train, schema.columns.categorical)
     counts = {c: train[c].map(canonical).value_counts() for c in schema.frequency if c in train.columns}
-    x_train = _tabular(train, schema, categories, counts, in_train=True)
-    x_tests = [_tabular(t, schema, categories, counts, in_train=False) for t in tests]
+    numbered = integer_codes(train, list(schema.columns.categorical))
+    x_train = _tabular(train, schema, categories, counts, in_train=True, numbered=numbered)
+    x_tests = [_tabular(t, schema, categories, counts, in_train=False, numbered=numbered) for t in tests]
     stacked: list[tuple[str, tuple[np.ndarray, list[np.ndarray]]]] = []
     coded = list(dict.fromkeys([*schema.columns.categorical, *schema.frequency]))
     if coded:
