@@ -7,6 +7,7 @@ a package index), so it is skipped where that venv is not already built, as in C
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -36,3 +37,18 @@ def test_the_peer_fits_the_split_once_and_scores_its_test_rows(tiny_validated: P
     assert first.metrics["roc_auc"] == first.score and 0.0 < first.metrics["log_loss"] < 1.0
     again = fit(tiny_validated, tmp_path / "cache", time_limit=30)
     assert again.cached and again.score == first.score and again.folder == first.folder
+
+
+def test_a_regression_label_of_few_whole_numbers_is_fitted_as_a_regression(tiny_validated: Path,
+                                                                         tmp_path: Path) -> None:
+    """AutoGluon left to infer takes a label of five whole numbers for classes (and then refuses rmse): the
+    runner says the problem type. The tiny table's rows, their 0-4 label declared a regression."""
+    from peer.runner import fit
+
+    validated = tmp_path / "validated"
+    shutil.copytree(tiny_validated, validated)
+    meta = json.loads((validated / "meta.json").read_text())
+    (validated / "meta.json").write_text(json.dumps({**meta, "problem_type": "regression", "classes": None}))
+    got = fit(validated, tmp_path / "cache", time_limit=30)
+    assert got.metric == "rmse" and got.score > 0
+    assert json.loads((got.folder / "fit.json").read_text())["problem_type"] == "regression"

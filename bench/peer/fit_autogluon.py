@@ -2,7 +2,7 @@
 
     .venv-peer/bin/python bench/peer/fit_autogluon.py JOB.json
 
-JOB.json: {"train": CSV, "test": CSV, "label": column, "eval_metric": AutoGluon metric name,
+JOB.json: {"train": CSV, "test": CSV, "label": column, "problem_type": AutoGluon's, "eval_metric": its name,
 "time_limit": seconds, "presets": name, "out_dir": folder}. The CSVs' first column is the row id. Writes
 out_dir/predictions.csv (row id, predicted label, one probability column per class) and out_dir/fit.json
 (wall time, version, the best model, AutoGluon's leaderboard).
@@ -23,8 +23,9 @@ def main() -> int:
     train = pd.read_csv(job["train"], index_col=0)
     test = pd.read_csv(job["test"], index_col=0)
     started = time.perf_counter()
-    predictor = TabularPredictor(label=job["label"], eval_metric=job["eval_metric"], path=str(out / "models"),
-                                 verbosity=1).fit(train, time_limit=job["time_limit"], presets=job["presets"])
+    predictor = TabularPredictor(label=job["label"], problem_type=job["problem_type"], eval_metric=job["eval_metric"],
+                                 path=str(out / "models"), verbosity=1).fit(train, time_limit=job["time_limit"],
+                                                                            presets=job["presets"])
     fit_s = time.perf_counter() - started
     features = test.drop(columns=[job["label"]], errors="ignore")
     frame = pd.DataFrame({"prediction": predictor.predict(features)}, index=test.index)

@@ -31,6 +31,8 @@ REQUIREMENTS = HERE / "requirements.txt"
 FIT_SCRIPT = HERE / "fit_autogluon.py"
 # AutoGluon's name for each problem type's primary metric (fusion_model/metrics.py names them too)
 EVAL_METRIC = {"binary": "roc_auc", "multiclass": "f1_macro", "ordinal": "quadratic_kappa", "regression": "rmse"}
+# said, not inferred: AutoGluon takes a label of whole numbers with few values (ages in months) for classes
+PROBLEM_TYPE = {"binary": "binary", "multiclass": "multiclass", "ordinal": "multiclass", "regression": "regression"}
 TIME_LIMIT_S = 600
 PRESETS = "medium_quality"
 
@@ -125,8 +127,8 @@ def fit(validated: Path, cache_dir: Path, time_limit: int = TIME_LIMIT_S, venv: 
     meta = _meta(validated)
     train, test = peer_tables(validated)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    job = {"label": meta["label"], "eval_metric": EVAL_METRIC[meta["problem_type"]], "time_limit": time_limit,
-           "presets": PRESETS}
+    job = {"label": meta["label"], "problem_type": PROBLEM_TYPE[meta["problem_type"]],
+           "eval_metric": EVAL_METRIC[meta["problem_type"]], "time_limit": time_limit, "presets": PRESETS}
     digest = hashlib.sha256()
     for part in (train.to_csv().encode(), test.to_csv().encode(), json.dumps(job, sort_keys=True).encode(),
                  REQUIREMENTS.read_bytes(), FIT_SCRIPT.read_bytes()):
