@@ -8,9 +8,10 @@ training mean. Categorical values (canonical text) map through a train vocabular
 Text: the text columns joined, lower-cased, cut into word 1..`text_ngrams`-grams hashed into
 `text_buckets` (crc32: stable everywhere, no vocabulary to download); each row is its distinct n-grams with
 their counts. Which buckets count, their idf and n-gram order are fitted here too, but are tables of the
-model (`text_tables`, loaded into its buffers), so they travel in model.safetensors, not in JSON. Images: one image per row (``image_index`` among the photos of all image
-columns, falling back to the last one a row has), resized to a square and normalised with fixed channel
-statistics; a row without photos gets a blank image and a mask of 0, so the model ignores its image input.
+model (`text_tables`, loaded into its buffers), so they travel in model.safetensors, not in JSON. Images:
+one image per row (``image_index`` among the photos of all image columns, falling back to the last one a
+row has), resized to a square and normalised with fixed channel statistics; a row without photos gets a
+blank image and a mask of 0, so the model ignores its image input.
 """
 
 from __future__ import annotations
@@ -122,9 +123,8 @@ class Preprocessor:
         text_ngrams: int = 3, text_min_df: int = 2, text_max_features: int = 1024, numeric_bins: int = 16,
         numeric_codes_max: int = 0, labels: np.ndarray | None = None, ordered_labels: bool = False,
         bin_min_rows: int = 8, id_as_number: bool = False, codes_as_numbers: bool = False,
-        numeric_output: str = "encodings",
-        frequency_codes: bool = False, text_chars: int = 0, text_tokenizer: tuple[str, int] | None = None,
-        text_max_tokens: int = 128, pair_bins: bool = False,
+        numeric_output: str = "encodings", frequency_codes: bool = False, text_chars: int = 0,
+        text_tokenizer: tuple[str, int] | None = None, text_max_tokens: int = 128, pair_bins: bool = False,
     ) -> Preprocessor:
         """Statistics from the training split only (never val/test: that would leak). A numerical column with
         at most `numeric_codes_max` distinct training values (a year, a count of a few kinds) also enters as

@@ -23,9 +23,9 @@ def main() -> int:
     train = pd.read_csv(job["train"], index_col=0)
     test = pd.read_csv(job["test"], index_col=0)
     started = time.perf_counter()
-    predictor = TabularPredictor(label=job["label"], problem_type=job["problem_type"], eval_metric=job["eval_metric"],
-                                 path=str(out / "models"), verbosity=1).fit(train, time_limit=job["time_limit"],
-                                                                            presets=job["presets"])
+    predictor = TabularPredictor(label=job["label"], problem_type=job["problem_type"],
+                                 eval_metric=job["eval_metric"], path=str(out / "models"), verbosity=1)
+    predictor.fit(train, time_limit=job["time_limit"], presets=job["presets"])
     fit_s = time.perf_counter() - started
     features = test.drop(columns=[job["label"]], errors="ignore")
     frame = pd.DataFrame({"prediction": predictor.predict(features)}, index=test.index)
