@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fusion_model.config import TrainConfig  # noqa: E402
 from fusion_model.data import ValidatedData  # noqa: E402
 from fusion_model.fit import build_module  # noqa: E402
+from fusion_model.processes import end_process  # noqa: E402
 
 
 def config(validated: Path, **keys: object) -> TrainConfig:
@@ -52,3 +53,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    end_process(0)  # its files are written: a rank's teardown aborting in gloo's destructors must not fail it

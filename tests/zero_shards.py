@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -145,3 +146,9 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # every shard is written: a rank's teardown can still abort in the communication library's destructors
+    # ("terminate called without an active exception"), which fails the launch (fusion_model/processes.py)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from fusion_model.processes import end_process
+
+    end_process(0)
