@@ -31,6 +31,7 @@ class CPUDeepSpeedStrategy(DeepSpeedStrategy):
 
         reset_seed()
         self.set_world_ranks()
+        skip_shared_memory_all_reduce()
         self._init_deepspeed_distributed()
 
     def _setup_model_and_optimizer(
@@ -67,6 +68,16 @@ class CPUDeepSpeedStrategy(DeepSpeedStrategy):
             args=argparse.Namespace(device_rank=self.local_rank), config=config, model=model,
             optimizer=None, lr_scheduler=None, model_parameters=[], dist_init_required=False,
         )
+
+
+def skip_shared_memory_all_reduce() -> None:
+    """Mark DeepSpeed's shared-memory all-reduce op unavailable before its CPU backend starts. That backend
+    compiles the op on first start (~20 s of g++ on 2 cores, in every fresh checkout and on every change of
+    TORCH_EXTENSIONS_DIR); only DeepSpeed's tensor-parallel inference calls it, while ZeRO's collectives go
+    through torch.distributed (gloo): training's numbers are the same without it."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # probed once per process, kept as a dict
 
 
 def deepspeed_config(cfg: TrainConfig, on_cuda: bool = True) -> dict[str, Any]:

@@ -138,6 +138,10 @@ def main() -> None:
     torch.set_num_threads(1)
     import deepspeed
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from fusion_model.strategies import skip_shared_memory_all_reduce
+
+    skip_shared_memory_all_reduce()  # as training does: no op compiled for collectives gloo serves
     deepspeed.init_distributed(dist_backend="gloo")
     for variant in args.variants.split(","):
         make_variant(args.out, variant, args.size, args.steps)
@@ -148,7 +152,6 @@ if __name__ == "__main__":
     main()
     # every shard is written: a rank's teardown can still abort in the communication library's destructors
     # ("terminate called without an active exception"), which fails the launch (fusion_model/processes.py)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from fusion_model.processes import end_process
 
     end_process(0)
