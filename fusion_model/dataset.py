@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 ProblemType = Literal["binary", "multiclass", "ordinal", "regression"]
 PROBLEM_TYPES: tuple[str, ...] = ("binary", "multiclass", "ordinal", "regression")
@@ -349,3 +352,18 @@ def resolve_schema(declared: Mapping[str, Any]) -> DatasetSchema:
             (f"dataset.{'.'.join(str(p) for p in err['loc'])}: " if err["loc"] else "dataset: ")
             + str(err["msg"]).removeprefix("Value error, ") for err in e.errors())
         raise SchemaError(f"invalid dataset declaration: {problems}") from None
+
+
+def integer_valued(values: pd.Series) -> bool:
+    """Every cell a whole number (an integer column, or text of digits such as "15970")."""
+    import pandas as pd
+
+    numbers = pd.to_numeric(values, errors="coerce")
+    return bool(len(values)) and bool(numbers.notna().all()) and bool((numbers == numbers.round()).all())
+
+
+def integer_codes(train: pd.DataFrame, columns: list[str]) -> list[str]:
+    """The codes whose filled training cells are whole numbers of more than two values (an item number):
+    their order may mean what a tree learner finds in it (AutoGluon reads such a column as a number)."""
+    filled = {c: train[c].map(canonical).replace("", None).dropna() for c in columns if c in train.columns}
+    return [c for c, v in filled.items() if v.nunique() > 2 and integer_valued(v)]

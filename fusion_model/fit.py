@@ -109,7 +109,7 @@ def model_kwargs(cfg: TrainConfig, pre: Preprocessor, num_classes: int, modaliti
         "member_text_scale": [m.text_lr_multiplier for m in cfg.members],
         "member_category_scale": [m.category_lr_multiplier for m in cfg.members],
         "linear_member": cfg.linear_member,
-        "linear_only_codes": len(pre.frequency_codes) + len(pre.pair_trees) if cfg.linear_member else 0,
+        "linear_only_codes": len(pre.frequency_codes) + pre.pair_columns if cfg.linear_member else 0,
         "text_model": text_model_entry(cfg.text_model, cfg.text_pooling, cfg.text_lora)
         if cfg.text_model and "text" in modalities else None,
         "text_weights": str(cfg.text_model) if cfg.text_model else None,  # read at training only, as pretrained

@@ -26,8 +26,15 @@ import pandas as pd
 import torch
 from PIL import Image
 
-from fusion_model.dataset import DatasetSchema, canonical, row_images, sort_classes
-from fusion_model.pair_bins import fit_pair_trees, leaves, pair_name, paired_numbers
+from fusion_model.dataset import (
+    DatasetSchema,
+    canonical,
+    integer_codes,
+    integer_valued,
+    row_images,
+    sort_classes,
+)
+from fusion_model.pair_bins import fit_pair_trees, pair_codes, paired_numbers, path_names
 from fusion_model.text_grams import hashed_grams
 
 # ImageNet statistics: a fixed, documented choice that also suits a local pretrained weights file.
@@ -42,19 +49,6 @@ def _frequency_key(df: pd.DataFrame, column: str) -> pd.Series:
     if column not in df.columns:
         return pd.Series("", index=df.index, dtype=object)
     return df[column].map(canonical)
-
-
-def _integer_valued(values: pd.Series) -> bool:
-    """Every cell a whole number (an integer column, or text of digits such as "15970")."""
-    numbers = pd.to_numeric(values, errors="coerce")
-    return bool(len(values)) and bool(numbers.notna().all()) and bool((numbers == numbers.round()).all())
-
-
-def integer_codes(train: pd.DataFrame, columns: list[str]) -> list[str]:
-    """The codes whose filled training cells are whole numbers of more than two values (an item number):
-    their order may mean what a tree learner finds in it (AutoGluon reads such a column as a number)."""
-    filled = {c: train[c].map(canonical).replace("", None).dropna() for c in columns if c in train.columns}
-    return [c for c, v in filled.items() if v.nunique() > 2 and _integer_valued(v)]
 
 
 def _bin_edges(z: np.ndarray, n_bins: int, labels: np.ndarray | None, ordered: bool, min_rows: int) -> list[float]:
@@ -91,7 +85,7 @@ class Preprocessor:
     numeric_log: list[bool] = field(default_factory=list)  # per numeric input: log1p (never negative in train)
     frequency_columns: list[str] = field(default_factory=list)
     frequency_codes: list[str] = field(default_factory=list)  # the frequency keys also coded: the last codes but
-    # the two-number bins (fusion_model/pair_bins.py): each pair's tree, its code "<a> × <b>" the very last codes
+    # the two-number bins (fusion_model/pair_bins.py): each pair's tree, its nodes' code columns the very last
     pair_trees: list[dict[str, Any]] = field(default_factory=list)
     # frequency column -> training rows per value (keys: canonical text)
     frequency_counts: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -152,7 +146,7 @@ class Preprocessor:
         categorical += keys  # a key counted for its frequency (a rescuer, an item) also enters as a code, last
         numerical = list(columns.numerical)
         if id_as_number and schema.id and schema.id in train.columns and schema.id not in numerical \
-                and _integer_valued(train[schema.id]):
+                and integer_valued(train[schema.id]):
             numerical.append(schema.id)
         if codes_as_numbers:
             numerical += [c for c in integer_codes(train, list(columns.categorical)) if c not in numerical]
@@ -189,8 +183,8 @@ class Preprocessor:
             paired = paired_numbers([len(e) for e in pre.numeric_bins[: len(numerical)]])
             pre.pair_trees = [p for p in fit_pair_trees(z[:, paired], [numerical[j] for j in paired], labels,
                                                         ordered_labels, numeric_bins, bin_min_rows)
-                              if pair_name(p) not in train.columns]
-            for name, codes in pre._pair_codes(z).items():
+                              if not set(path_names(p)) & set(train.columns)]
+            for name, codes in pair_codes(pre.pair_trees, pre.numeric_columns, z).items():
                 pre.categorical_columns.append(name)
                 pre.vocabularies[name] = [str(v) for v in np.unique(codes)]
         pre.text_tables = pre._fit_text(train, text_min_df) if pre.text_columns else None
@@ -292,10 +286,10 @@ class Preprocessor:
         raw = np.where(np.isnan(raw), mean, raw)  # a missing value becomes the train mean
         return (raw - mean) / std
 
-    def _pair_codes(self, z: np.ndarray) -> dict[str, np.ndarray]:
-        """Each two-number code column's leaf per row, from the standardised numbers `z`."""
-        index = {c: j for j, c in enumerate(self.numeric_columns)}
-        return {pair_name(p): leaves(p["tree"], z[:, [index[c] for c in p["columns"]]]) for p in self.pair_trees}
+    @property
+    def pair_columns(self) -> int:
+        """How many code columns the two-number bins fill, the last ones: one per depth of each pair's tree."""
+        return sum(len(path_names(p)) for p in self.pair_trees)
 
     def numeric(self, df: pd.DataFrame, in_train: bool = False) -> torch.Tensor:
         """[rows, n_numeric]: standardised values, then their piecewise-linear encodings. `in_train`: the
@@ -310,8 +304,9 @@ class Preprocessor:
         return torch.from_numpy(np.concatenate(parts, axis=1).astype(np.float32))
 
     def categorical(self, df: pd.DataFrame) -> torch.Tensor:
+        z = self._standardised(df, False) if self.pair_trees else None  # no pairs, no numbers needed
         pairs = {k: pd.Series(v.astype(str), index=df.index)
-                 for k, v in self._pair_codes(self._standardised(df, False)).items()} if self.pair_trees else {}
+                 for k, v in pair_codes(self.pair_trees, self.numeric_columns, z).items()}
         self._require(df, [c for c in self.categorical_columns if c not in pairs])
         out = np.zeros((len(df), len(self.categorical_columns)), dtype=np.int64)
         for j, col in enumerate(self.categorical_columns):

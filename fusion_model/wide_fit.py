@@ -363,7 +363,7 @@ def fit_linear_member(model: Any, pre: Preprocessor, data: ValidatedData, labels
                              l2=l2, loss_kwargs=scale, val_batch=batch(own(data.val), False) if choose else None,
                              val_labels=torch.as_tensor(data.labels(own(data.val))) if choose else None,
                              start=carried_over(start[1], start[0], pre, model) if start and not choose else None,
-                             sums=sums, pair_codes=len(pre.pair_trees))
+                             sums=sums, pair_codes=pre.pair_columns)
     report["fit_wall_s"] = round(time.perf_counter() - started, 2)
     report["rows"] = len(data.train)
     if int(os.environ.get("RANK", "0")) == 0:

@@ -161,7 +161,7 @@ def test_a_frequency_key_is_a_code_of_the_linear_member_alone(tmp_path: Path) ->
     assert "RescuerID" not in without.categorical_columns
     # the two-number bins (tests/test_pair_bins.py) come after it, codes of the linear member alone as well
     paired, kwargs, module = build_module(_config(validated, pair_bins=True), data)
-    pairs = len(paired.pair_trees)
+    pairs = paired.pair_columns
     assert pairs and paired.categorical_columns[: len(pre.categorical_columns)] == pre.categorical_columns
     assert all(" × " in c for c in paired.categorical_columns[-pairs:])
     assert kwargs["linear_only_codes"] == 1 + pairs and len(module.model.tabular.embeddings) == deep

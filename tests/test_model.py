@@ -13,11 +13,11 @@ import torch
 from safetensors.torch import save_file
 
 from fusion_model.data import DataError, FusionDataset, ValidatedData
-from fusion_model.dataset import resolve_schema
+from fusion_model.dataset import integer_codes, resolve_schema
 from fusion_model.image_encoder import ImageEncoder
 from fusion_model.model import FusionModel
 from fusion_model.predict import PredictError, Predictor, build_model, read_rows_csv
-from fusion_model.preprocess import PreprocessError, Preprocessor, integer_codes
+from fusion_model.preprocess import PreprocessError, Preprocessor
 from tests.validated_tables import make_validated
 
 

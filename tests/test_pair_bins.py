@@ -1,5 +1,6 @@
-"""Two-number bins (fusion_model/pair_bins.py): a label-fitted tree over each pair of numbers, its leaf a code
-of the linear member, so a catalogue number read within a year becomes learnable by a linear model."""
+"""Two-number bins (fusion_model/pair_bins.py): a label-fitted tree over each pair of numbers, its leaf and the
+nodes above it codes of the linear member, so a catalogue number read within a year becomes learnable by a
+linear model."""
 
 from __future__ import annotations
 
@@ -17,7 +18,16 @@ from sklearn.tree import DecisionTreeClassifier, DecisionTreeRegressor
 from fusion_model.data import FusionDataset, ValidatedData
 from fusion_model.dataset import resolve_schema
 from fusion_model.fit import build_module
-from fusion_model.pair_bins import MAX_PAIRED, fit_pair_tree, leaves, paired_numbers
+from fusion_model.pair_bins import (
+    MAX_PAIRED,
+    PATH_COLUMNS,
+    PATH_EXPLAINED,
+    fit_pair_tree,
+    fit_pair_trees,
+    paired_numbers,
+    path_names,
+    paths,
+)
 from fusion_model.preprocess import Preprocessor
 from fusion_model.wide_fit import L2_GRIDS, design
 from tests.linear_member_worker import config
@@ -28,7 +38,7 @@ SCHEMA = resolve_schema({"preset": None, "id": None, "label": {"column": "y", "p
 
 
 @pytest.mark.parametrize("ordered", [False, True])
-def test_the_walk_gives_each_row_the_leaf_scikit_learn_gives_it(ordered: bool) -> None:
+def test_the_walk_gives_each_row_the_path_scikit_learn_gives_it(ordered: bool) -> None:
     rng = np.random.default_rng(0)
     x = rng.normal(size=(400, 2))
     y = (x[:, 0] * x[:, 1] > 0).astype(float) if ordered else (x[:, 0] * x[:, 1] > 0).astype(int)
@@ -36,8 +46,41 @@ def test_the_walk_gives_each_row_the_leaf_scikit_learn_gives_it(ordered: bool) -
     kind = DecisionTreeRegressor if ordered else DecisionTreeClassifier
     reference = kind(max_leaf_nodes=32, min_samples_leaf=4, min_impurity_decrease=1e-4, random_state=0).fit(x, y)
     fresh = rng.normal(size=(300, 2))
-    assert np.array_equal(leaves(tree, fresh), reference.apply(fresh))
-    assert len(np.unique(leaves(tree, x))) > 4  # the crossing needs several leaves
+    nodes = paths(tree, fresh)
+    assert nodes.shape == (300, reference.get_depth()) == (300, tree["depth"])
+    assert np.array_equal(nodes[:, -1], reference.apply(fresh))
+    for row, way in zip(nodes, reference.decision_path(fresh).tolil().rows, strict=True):
+        below_root = sorted(way)[1:]  # a child's node number is above its parent's
+        assert list(row) == below_root + [below_root[-1]] * (len(row) - len(below_root))  # the leaf repeated
+    assert len(np.unique(paths(tree, x)[:, -1])) > 4  # the crossing needs several leaves
+    # a tree saved before the paths (no depth) still gives each row its leaf, alone
+    old = {k: v for k, v in tree.items() if k not in ("depth", "explained", "levels")}
+    assert np.array_equal(paths(old, fresh), nodes[:, -1:])
+    assert path_names({"columns": ["a", "b"], "tree": old}) == ["a × b"]
+
+
+def test_the_paths_of_the_trees_that_explain_the_labels_are_coded_within_a_budget() -> None:
+    """The nodes above the leaves are codes where a pair's tree explains most of the labels, PATH_COLUMNS
+    columns at most over the pairs, the best trees first; the trees of noise keep their leaves alone."""
+    rng = np.random.default_rng(3)
+    z = rng.normal(size=(2000, 10))  # 45 pairs
+    crossing = (z[:, 0] * z[:, 1] > 0) ^ (rng.random(2000) < 0.02)  # the first two numbers' crossing
+    pairs = fit_pair_trees(z, [f"n{j}" for j in range(10)], crossing.astype(int), False, max_leaves=64, min_rows=4)
+    coded = [p for p in pairs if p["tree"]["levels"] > 1]
+    assert [p["columns"] for p in coded] == [["n0", "n1"]]  # the one tree of signal, whole
+    assert coded[0]["tree"]["levels"] == coded[0]["tree"]["depth"] > 2
+    assert coded[0]["tree"]["explained"] >= PATH_EXPLAINED > max(p["tree"]["explained"] for p in pairs[1:])
+    assert all(len(path_names(p)) == p["tree"]["levels"] for p in pairs)
+    # stripes along the first number: each of its 19 pairs' trees explains the label, deep; paths of the best
+    # ones until the budget is spent
+    wide = rng.normal(size=(2000, 20))
+    stripes = (np.floor(wide[:, 0] * 6) % 2).astype(int)
+    pairs = fit_pair_trees(wide, [f"n{j}" for j in range(20)], stripes, False, max_leaves=256, min_rows=2)
+    strong = [p for p in pairs if p["tree"]["explained"] >= PATH_EXPLAINED]
+    coded = [p for p in pairs if p["tree"]["levels"] > 1]
+    assert sum(p["tree"]["depth"] - 1 for p in strong) > PATH_COLUMNS  # more than the budget holds
+    assert 0 < sum(p["tree"]["levels"] - 1 for p in coded) <= PATH_COLUMNS and len(coded) < len(strong)
+    assert all(p in strong for p in coded) and max(strong, key=lambda p: p["tree"]["explained"]) in coded
 
 
 def _table(rows: int, seed: int) -> pd.DataFrame:
@@ -55,10 +98,12 @@ def test_a_pair_of_numbers_gets_a_code_that_makes_their_crossing_linear() -> Non
     fit = dict(text_buckets=64, image_size=32, image_index=0, numeric_bins=64, bin_min_rows=4,
                labels=train["y"].to_numpy())
     pre = Preprocessor.fit(train, SCHEMA, pair_bins=True, **fit)
-    assert pre.categorical_columns == ["kind", "year × number"]  # the pair's code comes last
-    assert len(pre.vocabularies["year × number"]) >= 4
+    depth = pre.pair_trees[0]["tree"]["depth"]
+    # the pair's codes come last: the nodes at each depth, then the leaf
+    assert pre.categorical_columns == ["kind", *[f"year × number @{d}" for d in range(1, depth)], "year × number"]
+    assert pre.pair_columns == depth > 1 and len(pre.vocabularies["year × number"]) >= 4
     codes = pre.categorical(test).numpy()
-    assert (codes[:, 1] > 0).all()  # every fresh row lands in a leaf the training rows fill
+    assert (codes[:, 1:] > 0).all()  # every fresh row lands in nodes the training rows fill
 
     # saved as JSON and read back, the preprocessor gives every row the same codes
     again = Preprocessor.from_dict(json.loads(json.dumps(pre.to_dict())))
@@ -94,8 +139,8 @@ def test_the_pairs_are_a_block_of_the_linear_member_with_its_own_penalty_chosen_
     validated = make_validated(tmp_path, n_train=96, n_val=48, n_test=16)
     data = ValidatedData.read(validated)
     pre, kwargs, module = build_module(config(validated, pair_bins=True), data)
-    pairs = len(pre.pair_trees)
-    assert pairs and kwargs["linear_only_codes"] == len(pre.frequency_codes) + pairs
+    pairs = pre.pair_columns
+    assert pairs >= len(pre.pair_trees) > 0 and kwargs["linear_only_codes"] == len(pre.frequency_codes) + pairs
     report = module.linear_report
     scores = {float(k): v for k, v in report["tried"]["pairs"].items()}
     assert report["l2"]["pairs"] in L2_GRIDS["pairs"] and min(scores, key=scores.get) == report["l2"]["pairs"]

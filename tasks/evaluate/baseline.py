@@ -41,10 +41,9 @@ from sklearn.model_selection import KFold, StratifiedKFold
 from sklearn.multiclass import OneVsRestClassifier
 from sklearn.preprocessing import StandardScaler, TargetEncoder
 
-from fusion_model.dataset import DatasetSchema, canonical, row_images
+from fusion_model.dataset import DatasetSchema, canonical, integer_codes, row_images
 from fusion_model.decision import apply_class_bias, apply_cutpoints, fit_class_bias, fit_cutpoints
 from fusion_model.predict import Predictions
-from fusion_model.preprocess import integer_codes
 
 NAME = ("HistGradientBoosting(tabular + text lengths + frequencies) + out-of-fold target-encoded codes, TF-IDF "
         "text and colour-feature image scores, refitted on train + val")
