@@ -16,7 +16,6 @@ blank image and a mask of 0, so the model ignores its image input.
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ from fusion_model.dataset import (
     sort_classes,
 )
 from fusion_model.pair_bins import fit_pair_trees, pair_codes, paired_numbers, path_names
-from fusion_model.text_grams import hashed_grams
+from fusion_model.text_grams import GramMemo, gram_counts, hashed_grams
 
 # ImageNet statistics: a fixed, documented choice that also suits a local pretrained weights file.
 IMAGE_MEAN = (0.485, 0.456, 0.406)
@@ -205,8 +204,10 @@ class Preprocessor:
             pending_ids.clear()
             pending_orders.clear()
 
+        memo = self._grams()
         for text in self._joined(train):
             blocks = hashed_grams(text, self.text_ngrams, self.text_chars, self.text_buckets)
+            memo.remember(text, gram_counts(blocks, self.text_max_features))  # what `text` gives the row
             seen: dict[int, int] = {}  # bucket -> its lowest order in the row: the lowest block written last
             for k in range(len(blocks), 0, -1):
                 seen.update(dict.fromkeys(blocks[k - 1], k))
@@ -323,17 +324,25 @@ class Preprocessor:
 
     def text(self, df: pd.DataFrame) -> tuple[torch.Tensor, torch.Tensor]:
         """([rows, width] hashed n-gram ids, [rows, width] their counts), right-padded with 0; width is the
-        most distinct n-grams any of these rows has (at most text_max_features). The last few tables' are
-        remembered (the same training table feeds the linear member and the data loader; the grams of a
-        few thousand rows take seconds): a table must not change in place between calls."""
-        memo: dict[int, tuple[pd.DataFrame, tuple[torch.Tensor, torch.Tensor]]] = self.__dict__.setdefault("_memo", {})
-        if id(df) in memo and memo[id(df)][0] is df:
-            return memo[id(df)][1]
-        out = self._text(df)
-        memo[id(df)] = (df, out)  # holding the table keeps its id from being reused
-        while len(memo) > 4:
-            memo.pop(next(iter(memo)))
-        return out
+        most distinct n-grams any of these rows has (at most text_max_features). Each text's grams are
+        remembered (text_grams.GramMemo): the fit's, the linear member's and the data loader's rows are one
+        table's."""
+        memo = self._grams()
+        rows = [memo.get(text) or memo.remember(text, gram_counts(
+                    hashed_grams(text, self.text_ngrams, self.text_chars, self.text_buckets), self.text_max_features))
+                for text in self._joined(df)]
+        width = max(1, max((len(r[0]) for r in rows), default=1))
+        ids = np.zeros((len(rows), width), dtype=np.int64)
+        counts = np.zeros((len(rows), width), dtype=np.float32)
+        for i, (row_ids, row_counts) in enumerate(rows):
+            ids[i, : len(row_ids)], counts[i, : len(row_ids)] = row_ids, row_counts
+        return torch.from_numpy(ids), torch.from_numpy(counts)
+
+    def _grams(self) -> GramMemo:
+        return self.__dict__.setdefault("_gram_memo", GramMemo())
+
+    def __getstate__(self) -> dict[str, Any]:  # sent to another process (spawned ranks, loader workers): no memo
+        return {k: v for k, v in self.__dict__.items() if k != "_gram_memo"}
 
     def tokens(self, df: pd.DataFrame) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The text transformer's token ids and attention mask [rows, text_max_tokens] of the joined text
@@ -343,22 +352,6 @@ class Preprocessor:
         from fusion_model.text_encoder import tokenize
 
         return tokenize(self._joined(df).tolist(), self.text_tokenizer, self.text_max_tokens, self.text_pad_id)
-
-    def _text(self, df: pd.DataFrame) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = []
-        for text in self._joined(df):
-            counts: Counter[int] = Counter()
-            for block in hashed_grams(text, self.text_ngrams, self.text_chars, self.text_buckets):
-                counts.update(block)
-            rows.append(list(counts.items())[: self.text_max_features])
-        width = max(1, max((len(r) for r in rows), default=1))
-        ids = np.zeros((len(rows), width), dtype=np.int64)
-        counts_ = np.zeros((len(rows), width), dtype=np.float32)
-        for i, row in enumerate(rows):
-            if row:
-                ids[i, : len(row)] = [k for k, _ in row]
-                counts_[i, : len(row)] = [c for _, c in row]
-        return torch.from_numpy(ids), torch.from_numpy(counts_)
 
     def image_paths(self, df: pd.DataFrame, images_root: Path) -> list[Path | None]:
         """Each row's photo to use (`image_index` among its photos, else its last one); None without photos."""

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import re
 import zlib
+from collections import Counter
 from functools import lru_cache
+
+import numpy as np
 
 _TOKEN = re.compile(r"[a-z0-9]+")
 CHAR_MARK = "\x01"  # before a character gram: a word gram holds only [a-z0-9 ]
@@ -59,3 +62,31 @@ def hashed_grams(text: str, n: int, chars: int, buckets: int) -> list[list[int]]
 def gram_order(gram: str, words: int) -> int:
     """A gram's block in the text weighting: its word count, or `words + 1` for a character gram."""
     return words + 1 if gram.startswith(CHAR_MARK) else gram.count(" ") + 1
+
+
+def gram_counts(blocks: list[list[int]], max_features: int) -> tuple[np.ndarray, np.ndarray]:
+    """A row's distinct buckets of `hashed_grams` blocks in order of first appearance, block by block, and how
+    often each occurs: the first `max_features` of them."""
+    counts: Counter[int] = Counter()
+    for block in blocks:
+        counts.update(block)
+    kept = list(counts.items())[:max_features]
+    return np.array([k for k, _ in kept], dtype=np.int64), np.array([c for _, c in kept], dtype=np.float32)
+
+
+class GramMemo(dict[str, tuple[np.ndarray, np.ndarray]]):
+    """A text -> its `gram_counts`, for texts seen again: the training rows feed the preprocessor's fit, the
+    linear member and the data loader, and hashing a few thousand rows' grams takes seconds. Emptied when it
+    holds `limit` grams (a long-lived scoring process sees texts without end)."""
+
+    def __init__(self, limit: int = 1 << 23) -> None:
+        super().__init__()
+        self.limit, self.grams = limit, 0
+
+    def remember(self, text: str, value: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        if self.grams + len(value[0]) > self.limit:
+            self.clear()
+            self.grams = 0
+        self[text] = value
+        self.grams += len(value[0])
+        return value

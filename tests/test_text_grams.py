@@ -3,6 +3,7 @@ the definition (`ngrams` hashed gram by gram), so models fitted before it read t
 
 from __future__ import annotations
 
+import pickle
 from collections import Counter
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from fusion_model.preprocess import Preprocessor
-from fusion_model.text_grams import _hash, gram_order, hashed_grams, ngrams
+from fusion_model.text_grams import GramMemo, _hash, gram_order, hashed_grams, ngrams
 
 TEXTS = ["", "  ", "a", "Über café naïve 123 x-y", "the the the", "a b a b a b c",
          "Friendly puppy, loves kids! Vaccinated & dewormed; 3 months old. Call 012-345 6789.",
@@ -54,16 +55,33 @@ def test_preprocessor_text_tables_and_rows_equal_the_definition(n: int, chars: i
                                                                 max_features: int) -> None:
     texts = TEXTS * 3 + [f"{t} extra {i}" for i, t in enumerate(TEXTS)]
     df = pd.DataFrame({"Description": texts})
-    pre = Preprocessor.__new__(Preprocessor)
-    pre.text_columns, pre.text_buckets, pre.text_ngrams = ["Description"], buckets, n
-    pre.text_chars, pre.text_max_features = chars, max_features
+    def preprocessor() -> Preprocessor:
+        pre = Preprocessor.__new__(Preprocessor)
+        pre.text_columns, pre.text_buckets, pre.text_ngrams = ["Description"], buckets, n
+        pre.text_chars, pre.text_max_features = chars, max_features
+        return pre
+
+    pre = preprocessor()
     tables = pre._fit_text(df, 2)
     expected = _reference_tables(texts, n, chars, buckets, 2)
     for key in expected:
         np.testing.assert_array_equal(tables[key], expected[key], err_msg=key)
-    ids, counts = pre._text(df)
+    ids, counts = pre.text(df)  # the rows the fit hashed, remembered
+    fresh = preprocessor().text(df)  # hashed here
+    assert torch.equal(ids, fresh[0]) and torch.equal(counts, fresh[1])
+    assert "_gram_memo" not in pickle.loads(pickle.dumps(pre)).__dict__  # another process hashes its own
     for i, text in enumerate(texts):
         row = list(Counter(_hash(g, buckets) for g in ngrams(text, n, chars)).items())[:max_features]
         got = [(int(h), float(c)) for h, c in zip(ids[i].tolist(), counts[i].tolist(), strict=True) if h]
         assert got == [(h, float(c)) for h, c in row]
     assert ids.dtype == torch.int64 and counts.dtype == torch.float32
+
+
+def test_the_memo_of_grams_is_emptied_when_full() -> None:
+    memo = GramMemo(limit=10)
+    six = (np.arange(6), np.ones(6, dtype=np.float32))
+    memo.remember("a", six)
+    memo.remember("b", (np.arange(4), np.ones(4, dtype=np.float32)))
+    assert set(memo) == {"a", "b"} and memo.grams == 10
+    memo.remember("c", six)  # over the limit: emptied first
+    assert set(memo) == {"c"} and memo.grams == 6
