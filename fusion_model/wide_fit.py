@@ -41,9 +41,8 @@ L2_GRIDS = {
     "chars": (0.15, 0.5, 1.5, 5.0, 15.0, 50.0, 150.0),
     "categorical": (0.15, 0.5, 1.5, 5.0, 15.0, 50.0, 150.0),
     "numerical": (0.15, 0.5, 1.5, 5.0, 15.0, 50.0, 150.0),
-    # coarser above, up to a penalty that leaves the two-number bins out in effect where the table holds no
-    # crossing; finer below, where a strong tree's paths are shrunk (the walk starts at 15 either way)
-    "pairs": (0.15, 0.5, 1.5, 15.0, 150.0, 1500.0),
+    # coarser, up to a penalty that leaves the two-number bins out in effect where the table holds no crossing
+    "pairs": (0.15, 1.5, 15.0, 150.0, 1500.0),
 }
 # L-BFGS stops when an iteration lowers the objective by less than this share; the penalties are compared
 # between fits this converged: stopped at 1e-5, a fit started from the one before stays near it, and which
