@@ -61,16 +61,18 @@ def paths(tree: dict[str, Any], x: np.ndarray) -> np.ndarray:
     left, right = np.asarray(tree["left"]), np.asarray(tree["right"])
     node = np.zeros(len(x), dtype=np.int64)
     rows = np.arange(len(x))
-    out = np.zeros((len(x), tree.get("levels", 1)), dtype=np.int64)
-    for level in range(out.shape[1] - 1):
+
+    def down() -> None:  # every row not at its leaf one level down
         inner = left[node] >= 0
         at = node[inner]
-        go_left = x[rows[inner], feature[at]] <= threshold[at]
-        node[inner] = np.where(go_left, left[at], right[at])
-        out[:, level] = node
-    while (inner := left[node] >= 0).any():  # the rest of the way down to the leaves
-        at = node[inner]
         node[inner] = np.where(x[rows[inner], feature[at]] <= threshold[at], left[at], right[at])
+
+    out = np.zeros((len(x), tree.get("levels", 1)), dtype=np.int64)
+    for level in range(out.shape[1] - 1):
+        down()
+        out[:, level] = node
+    while (left[node] >= 0).any():  # the rest of the way down to the leaves
+        down()
     out[:, -1] = node
     return out
 
