@@ -9,8 +9,8 @@ rows, with an L2 penalty per block of inputs chosen on the validation rows (or g
 mix weighs it beside the deep members each epoch. It sees what the network sees, nothing of any other model.
 
 scipy computes the sparse products and runs L-BFGS; torch computes the problem type's loss on the logits
-(fusion_model/heads.py), so the GLM optimises exactly the network's loss. Written here because no library
-fits a linear model with the network's own losses (a cumulative link for ordinal labels among them).
+(fusion_model/glm_problem.py, heads.py), so the GLM optimises exactly the network's loss. Written here because
+no library fits a linear model with the network's own losses (a cumulative link for ordinal labels among them).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,9 +26,9 @@ import scipy.optimize
 import scipy.sparse as sp
 import torch
 
-from fusion_model import heads
 from fusion_model.config import TrainConfig
 from fusion_model.data import ValidatedData
+from fusion_model.glm_problem import Design, Glm, GlmProblem, logits
 from fusion_model.model import FusionModel
 from fusion_model.preprocess import Preprocessor
 from fusion_model.rank_sums import RankSums, rank_sums
@@ -49,8 +48,6 @@ L2_GRIDS = {
 # penalty won turned on the float order of the machine (BENCHMARKS.md)
 FTOL = 1e-6
 MAX_ITER = 300
-
-Design = dict[str, sp.csr_matrix]  # block name (LINEAR_BLOCKS) -> [rows, block inputs]
 
 
 def design(model: FusionModel, batch: dict[str, torch.Tensor], pair_codes: int = 0) -> Design:
@@ -83,79 +80,7 @@ def design(model: FusionModel, batch: dict[str, torch.Tensor], pair_codes: int =
     return out
 
 
-@dataclass
-class Glm:
-    weights: dict[str, np.ndarray]  # block -> [block inputs, width]
-    intercept: np.ndarray  # [width], or the ordinal thresholds' parameters (first, gaps...)
-    loss: float  # the mean training loss, penalty excluded
-
-
-class _Problem:
-    """The loss of a GLM's logits under the network's head (torch autograd on the [rows, width] logits), on
-    this rank's share of the rows: `sums` adds the ranks' parts into the mean over every rank's rows."""
-
-    def __init__(self, model: FusionModel, labels: torch.Tensor, loss_kwargs: dict, sums: RankSums | None = None
-                 ) -> None:
-        assert model.linear is not None
-        self.problem_type, self.labels, self.kwargs = model.problem_type, labels, loss_kwargs
-        self.sums = sums or RankSums()
-        self.rows = int(self.sums.sum(np.array([len(labels)]))[0])  # every rank's
-        self.share = len(labels) / self.rows
-        # binary's two softmax logits, both penalised, have their optimum at w1 = -w0: fitted as one logit u
-        # (the logits -u, u; the penalty l2 |w0|^2 + l2 |w1|^2 = 2 l2 |u|^2), half the unknowns, the same model
-        self.symmetric = model.problem_type == "binary" and model.width == 2
-        self.width = 1 if self.symmetric else model.width  # the fitted weights' columns
-        self.penalty_scale = 2.0 if self.symmetric else 1.0
-        self.ordinal = model.ordinal is not None
-        self.link = model.ordinal
-        self.n_intercept = 1 if self.symmetric else model.linear.intercept.numel()
-
-    def initial_intercept(self) -> np.ndarray:
-        if self.link is None:
-            return np.zeros(self.n_intercept)
-        return torch.cat([p.detach().flatten() for p in self.link.parameters()]).double().numpy()
-
-    def thresholds(self, intercept: np.ndarray) -> np.ndarray:
-        """The intercept as stored in the model: as fitted, or an ordinal label's increasing thresholds."""
-        if self.ordinal:
-            return self._thresholds(torch.as_tensor(intercept)).numpy()
-        return self.model_weights(intercept[None])[0]
-
-    def model_weights(self, w: np.ndarray) -> np.ndarray:
-        """Fitted weights [inputs, width] as the model's columns."""
-        return np.hstack([-w, w]) if self.symmetric else w
-
-    @staticmethod
-    def _thresholds(b: torch.Tensor) -> torch.Tensor:  # OrdinalLink's parametrisation: increasing by softplus gaps
-        first, gaps = b[:1], b[1:]
-        return torch.cat([first, first + torch.cumsum(torch.nn.functional.softplus(gaps), 0)])
-
-    def loss_and_grads(self, logits: np.ndarray, intercept: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
-        """This rank's part of the mean loss (its rows' mean times their share) and its gradients."""
-        z = torch.tensor(logits, dtype=torch.float64, requires_grad=True)
-        b = torch.tensor(intercept, dtype=torch.float64, requires_grad=True)
-        raw = z - self._thresholds(b) if self.ordinal else z + b
-        if self.symmetric:
-            raw = torch.cat([-raw, raw], dim=1)
-        loss = heads.loss(raw, self.labels, self.problem_type, **self.kwargs) * self.share
-        loss.backward()
-        assert z.grad is not None and b.grad is not None
-        return float(loss.detach()), z.grad.numpy(), b.grad.numpy()
-
-    def loss(self, glm: Glm, x: Design) -> float:
-        """The mean loss over every rank's rows (`x`: this rank's)."""
-        part = self.loss_and_grads(_logits(glm.weights, x, self.width), glm.intercept)[0]
-        return float(self.sums.sum(np.array([part]))[0])
-
-
-def _logits(weights: dict[str, np.ndarray], x: Design, width: int) -> np.ndarray:
-    out = np.zeros((next(iter(x.values())).shape[0], width))
-    for name, w in weights.items():
-        out += x[name] @ w
-    return out
-
-
-def _fit(x: Design, problem: _Problem, l2: dict[str, float], start: Glm | None = None) -> Glm:
+def _fit(x: Design, problem: GlmProblem, l2: dict[str, float], start: Glm | None = None) -> Glm:
     """Minimise mean loss + sum over blocks of l2 * |W_block|^2 / rows (binary's one fitted logit stands for
     the model's two, so its penalty counts twice), from `start` where it has a block. Only the inputs some row
     holds are optimised: the others' optimum is zero (most of the shared n-gram table is the other kind of
@@ -177,9 +102,20 @@ def _fit(x: Design, problem: _Problem, l2: dict[str, float], start: Glm | None =
     def unpack(theta: np.ndarray) -> dict[str, np.ndarray]:
         return {b: theta[cuts[i]:cuts[i + 1]].reshape(-1, width) for i, b in enumerate(names)}
 
-    def objective(theta: np.ndarray) -> tuple[float, np.ndarray]:
+    # L-BFGS-B runs on the unknowns divided by `scaling`: 1 / sqrt of each one's curvature where the fit
+    # starts, its penalty's included (a diagonal preconditioner: a rare n-gram, a code every row holds and
+    # the intercept take like steps); measured at the start, not at zero weights, so that the rows a warm
+    # start already fits well weigh less, as they do at the optimum (BENCHMARKS.md)
+    rows, own = problem.curvature(logits(unpack(theta0), held, width), theta0[cuts[-1]:])
+    diagonal = sums.sum(np.concatenate([*((held[b].multiply(held[b]).T @ rows).ravel() for b in names), own]))
+    for i, b in enumerate(names):
+        diagonal[cuts[i]:cuts[i + 1]] += 2 * scale * l2[b] / n
+    scaling = np.where(diagonal > 0, diagonal, 1.0) ** -0.5
+
+    def objective(scaled: np.ndarray) -> tuple[float, np.ndarray]:
+        theta = scaled * scaling
         weights = unpack(theta)
-        part, dz, db = problem.loss_and_grads(_logits(weights, held, width), theta[cuts[-1]:])
+        part, dz, db = problem.loss_and_grads(logits(weights, held, width), theta[cuts[-1]:])
         rows_part = np.empty(len(theta) + 1)  # this rank's rows' gradient and loss, summed across ranks at once
         for i, b in enumerate(names):
             rows_part[cuts[i]:cuts[i + 1]] = (transposed[b] @ dz).ravel()
@@ -190,16 +126,17 @@ def _fit(x: Design, problem: _Problem, l2: dict[str, float], start: Glm | None =
             w = weights[b]
             grad[cuts[i]:cuts[i + 1]] += (2 * scale * l2[b] / n * w).ravel()
             loss += scale * l2[b] / n * float((w * w).sum())
-        return loss, grad
+        return loss, grad * scaling
 
-    done = scipy.optimize.minimize(objective, theta0, jac=True, method="L-BFGS-B",
+    done = scipy.optimize.minimize(objective, theta0 / scaling, jac=True, method="L-BFGS-B",
                                    options={"maxiter": MAX_ITER, "ftol": FTOL, "gtol": 1e-5})
+    theta = done.x * scaling
     weights: dict[str, np.ndarray] = {}
-    for b, w in unpack(done.x).items():
+    for b, w in unpack(theta).items():
         weights[b] = np.zeros((x[b].shape[1], width))
         weights[b][used[b]] = w
     penalty = scale * sum(l2[b] * float((w * w).sum()) for b, w in weights.items())
-    return Glm(weights, done.x[cuts[-1]:].copy(), float(done.fun) - penalty / n)
+    return Glm(weights, theta[cuts[-1]:].copy(), float(done.fun) - penalty / n)
 
 
 def _walk(grid: tuple[float, ...], start: int, score: Callable[[float], float]) -> tuple[float, dict[float, float]]:
@@ -219,7 +156,7 @@ def _walk(grid: tuple[float, ...], start: int, score: Callable[[float], float]) 
     return grid[i], scores
 
 
-def _choose_block(train: Design, val: Design, problem: _Problem, val_problem: _Problem, chosen: dict[str, float],
+def _choose_block(train: Design, val: Design, problem: GlmProblem, val_problem: GlmProblem, chosen: dict[str, float],
                   block: str, start: Glm | None) -> tuple[Glm, float, dict[float, float]]:
     """`block`'s penalty of lowest validation loss, fitted beside the blocks of `chosen` at theirs."""
     fits: dict[float, Glm] = {}
@@ -234,7 +171,7 @@ def _choose_block(train: Design, val: Design, problem: _Problem, val_problem: _P
     return fits[best], best, scores
 
 
-def choose_penalties(train: Design, train_problem: _Problem, val: Design, val_problem: _Problem,
+def choose_penalties(train: Design, train_problem: GlmProblem, val: Design, val_problem: GlmProblem,
                      given: dict[str, float | None]) -> tuple[Glm, dict[str, float], dict[str, dict[float, float]]]:
     """Each block's penalty with the lowest validation loss, block by block in LINEAR_BLOCKS order, each
     fitted beside the blocks before it at their chosen penalties; a penalty given is kept. Returns the fit
@@ -306,9 +243,9 @@ def fit_linear(model: FusionModel, batch: dict[str, torch.Tensor], labels: torch
         return {}, Glm({}, np.zeros(0), 0.0)
     kwargs = loss_kwargs or {}
     train = design(model, batch, pair_codes)
-    problem = _Problem(model, labels, kwargs, sums)
+    problem = GlmProblem(model, labels, kwargs, sums)
     val = design(model, val_batch, pair_codes) if val_batch is not None else None
-    val_problem = _Problem(model, val_labels, kwargs, sums) if val_labels is not None else None
+    val_problem = GlmProblem(model, val_labels, kwargs, sums) if val_labels is not None else None
     unset = [b for b in train if l2.get(b) is None]
     tried: dict[str, dict[float, float]] = {}
     if unset:

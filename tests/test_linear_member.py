@@ -19,6 +19,7 @@ from sklearn.linear_model import LogisticRegression
 
 from fusion_model.data import FusionDataset, ValidatedData
 from fusion_model.fit import build_module
+from fusion_model.glm_problem import GlmProblem
 from fusion_model.rank_sums import RankSums
 from fusion_model.wide_fit import L2_GRIDS, _walk, design
 from tests.linear_member_worker import config as _config
@@ -184,12 +185,12 @@ def test_the_refit_starts_from_the_selections_fit_and_reaches_the_same_optimum(v
     # the same inputs: carried over unchanged
     same = wide_fit.carried_over(glm, pre, pre, selection.model)
     assert all(np.array_equal(same.weights[b], glm.weights[b]) for b in glm.weights)
-    iterations: list[int] = []
+    fits: list[tuple[int, float]] = []  # each fit's iterations and objective
     minimize = scipy.optimize.minimize
 
     def counted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         result = minimize(*args, **kwargs)
-        iterations.append(int(result.nit))
+        fits.append((int(result.nit), float(result.fun)))
         return result
 
     monkeypatch.setattr(wide_fit.scipy.optimize, "minimize", counted)
@@ -197,7 +198,8 @@ def test_the_refit_starts_from_the_selections_fit_and_reaches_the_same_optimum(v
     modalities = selection.model.modalities
     pre_every, _, cold = build_module(cfg, every, modalities)
     _, _, warm = build_module(cfg, every, modalities, linear_start=(pre, glm))
-    assert iterations[1] < iterations[0]
+    (cold_iterations, cold_objective), (warm_iterations, warm_objective) = fits
+    assert warm_iterations <= cold_iterations and warm_objective < cold_objective  # further in no more steps
     start = wide_fit.carried_over(glm, pre, pre_every, warm.model)
     # a bucket both keep starts at the selection's weight; one only the refit keeps starts at zero
     rows_before, rows_after = pre.text_tables["rows"], pre_every.text_tables["rows"]
@@ -236,7 +238,7 @@ def test_inputs_no_row_holds_are_left_out_of_the_fit_and_stay_zero(validated: Pa
     pre, _, module = build_module(_config(validated, linear_l2=l2), data)
     model = module.model
     x = design(model, _batch(data, pre, data.train))
-    problem = wide_fit._Problem(model, torch.as_tensor(data.labels(data.train)), {})
+    problem = GlmProblem(model, torch.as_tensor(data.labels(data.train)), {})
     held = {b: np.flatnonzero(np.diff(m.tocsc().indptr)) for b, m in x.items()}
     assert all(len(held[b]) < x[b].shape[1] for b in ("text", "chars"))  # the shared table: most rows unused
     fit = wide_fit._fit(x, problem, l2)
@@ -265,8 +267,8 @@ def test_the_penalties_are_compared_between_converged_fits(validated: Path) -> N
     model, report = module.model, module.linear_report
     x = design(model, _batch(data, pre, data.train))
     val = design(model, _batch(data, pre, data.val))
-    problem = wide_fit._Problem(model, torch.as_tensor(data.labels(data.train)), {})
-    val_problem = wide_fit._Problem(model, torch.as_tensor(data.labels(data.val)), {})
+    problem = GlmProblem(model, torch.as_tensor(data.labels(data.train)), {})
+    val_problem = GlmProblem(model, torch.as_tensor(data.labels(data.val)), {})
     chosen: dict[str, float] = {}
     for block in ("text", "chars", "categorical", "numerical"):
         part = {b: x[b] for b in [*chosen, block]}
@@ -274,6 +276,26 @@ def test_the_penalties_are_compared_between_converged_fits(validated: Path) -> N
             cold = wide_fit._fit(part, problem, {**chosen, block: float(value)})
             assert abs(val_problem.loss(cold, {b: val[b] for b in part}) - walked) < 1e-3
         chosen[block] = report["l2"][block]
+
+
+@pytest.mark.parametrize("problem_type", ["binary", "ordinal"])
+def test_the_fits_preconditioner_is_the_losss_curvature(tmp_path: Path, problem_type: str) -> None:
+    """Each unknown of a fit is scaled by its curvature where the fit starts, built from
+    `GlmProblem.curvature`: the diagonal of the loss's Hessian in every row's logits and in the intercept."""
+    validated = make_validated(tmp_path, n_train=24, n_val=8, n_test=8, problem_type=problem_type)
+    data = ValidatedData.read(validated)
+    l2 = {"text": 0.5, "chars": 0.5, "categorical": 0.5, "numerical": 0.5}
+    _, _, module = build_module(_config(validated, linear_l2=l2), data)
+    problem = GlmProblem(module.model, torch.as_tensor(data.labels(data.train)), {})
+    intercept = problem.initial_intercept() + 0.3
+    z = torch.randn((len(data.train), problem.width), dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    rows, own = problem.curvature(z.numpy(), intercept)
+    b = torch.as_tensor(intercept, dtype=torch.float64)
+    in_logits = torch.autograd.functional.hessian(lambda v: problem._loss(v.view_as(z), b), z.flatten())
+    in_intercept = torch.autograd.functional.hessian(lambda v: problem._loss(z, v), b)
+    assert rows.shape == z.shape and (rows > 0).all()
+    np.testing.assert_allclose(rows.ravel(), torch.diagonal(in_logits).numpy(), rtol=1e-6, atol=1e-12)
+    np.testing.assert_allclose(own, torch.diagonal(in_intercept).numpy(), rtol=1e-6, atol=1e-12)
 
 
 def test_every_row_is_one_ranks_share() -> None:
@@ -313,8 +335,11 @@ def test_ranks_fitting_their_shares_of_the_rows_get_the_fit_of_all_of_them(tmp_p
     pre, _, module = build_module(_config(validated), data)  # one process, every row
     alone = module.linear_report
     assert reports[0]["l2"] == alone["l2"] and reports[0]["tried"].keys() == alone["tried"].keys()
-    assert abs(reports[0]["val_loss"] - alone["val_loss"]) < 1e-4
-    assert abs(reports[0]["train_loss"] - alone["train_loss"]) < 1e-4
+    # each fit stops where an iteration gains less than FTOL of the objective: on this table's ordinal fit (a
+    # number that predicts almost every label, at the grid's lowest penalty) where the two stop, their sums
+    # added in another order, moves the losses by ~2e-4
+    assert abs(reports[0]["val_loss"] - alone["val_loss"]) < 5e-4
+    assert abs(reports[0]["train_loss"] - alone["train_loss"]) < 5e-4
     # the same member, to the fits' tolerance: its logits on the validation rows (weights a large penalty
     # leaves near zero are where that tolerance shows most; the logits are what the member is)
     linear = module.model.linear
