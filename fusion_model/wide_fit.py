@@ -195,8 +195,8 @@ def choose_penalties(train: Design, train_problem: GlmProblem, val: Design, val_
 def carried_over(glm: Glm, before: Preprocessor, after: Preprocessor, model: FusionModel) -> Glm:
     """`glm` (fitted with `before`'s inputs) as a starting point in `after`'s: each n-gram bucket's and each
     code's weights where both preprocessors keep it, a number's where its bins are the same, zeros for the
-    rest. The refit's preprocessor, fitted on more rows, keeps more of them; started there its L-BFGS
-    converges to the same optimum in fewer iterations than from zeros."""
+    rest. The refit's preprocessor, fitted on more rows, keeps more of them; started there its L-BFGS gets
+    nearer the same optimum in no more iterations than from zeros."""
     assert model.linear is not None
     out: dict[str, np.ndarray] = {}
     for block, w in glm.weights.items():
