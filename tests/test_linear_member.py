@@ -279,7 +279,7 @@ def test_the_penalties_are_compared_between_converged_fits(validated: Path) -> N
 
 
 @pytest.mark.parametrize("problem_type", ["binary", "ordinal"])
-def test_the_fits_preconditioner_is_the_losss_curvature(tmp_path: Path, problem_type: str) -> None:
+def test_the_fits_preconditioner_is_the_loss_curvature(tmp_path: Path, problem_type: str) -> None:
     """Each unknown of a fit is scaled by its curvature where the fit starts, built from
     `GlmProblem.curvature`: the diagonal of the loss's Hessian in every row's logits and in the intercept."""
     validated = make_validated(tmp_path, n_train=24, n_val=8, n_test=8, problem_type=problem_type)
