@@ -182,8 +182,9 @@ class ValidateParams(_Section):
     out_dir: Path = Path("data/validated")
     report_dir: Path = Path("reports")
     val_fraction: Annotated[float, Field(gt=0, lt=1)] | Literal["auto"] = Field(
-        0.2, description="share of the labelled rows held out to validate on; auto: AutoGluon's holdout rule "
-                         "(tasks/checks/tables.py, auto_val_fraction)")
+        "auto", description="share of the labelled rows held out to validate on; auto: AutoGluon's holdout rule "
+                            "for a binary or regression label, a fifth for an ordinal or multiclass one "
+                            "(tasks/checks/tables.py, auto_val_fraction)")
     seed: int = 42
     workers: int = Field(2, ge=1)
     seen_codes_mostly: float = Field(

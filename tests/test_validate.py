@@ -118,12 +118,18 @@ def test_stratified_split_is_deterministic_and_keeps_rare_classes() -> None:
     assert not val.row_id.equals(stratified_split(table, LABEL, 0.2, seed=8)[1].row_id)
 
 
-def test_auto_val_fraction_follows_the_autogluon_holdout_rule() -> None:
-    assert auto_val_fraction(240) == 0.2  # a small table: a fifth
-    assert auto_val_fraction(3000) == pytest.approx(500 / 3000)  # then 500 rows ...
-    assert auto_val_fraction(6473) == 0.1  # ... a tenth from 5,000 labelled rows
-    assert auto_val_fraction(100_000) == pytest.approx(0.025)  # ~2,500 rows on a large table
-    assert auto_val_fraction(10_000_000) == 0.01
+@pytest.mark.parametrize("problem_type", ["binary", "regression"])
+def test_auto_val_fraction_follows_the_autogluon_holdout_rule_where_the_rows_only_choose(problem_type: str) -> None:
+    assert auto_val_fraction(240, problem_type) == 0.2  # a small table: a fifth
+    assert auto_val_fraction(3000, problem_type) == pytest.approx(500 / 3000)  # then 500 rows ...
+    assert auto_val_fraction(6473, problem_type) == 0.1  # ... a tenth from 5,000 labelled rows
+    assert auto_val_fraction(100_000, problem_type) == pytest.approx(0.025)  # ~2,500 rows on a large table
+    assert auto_val_fraction(10_000_000, problem_type) == 0.01
+
+
+@pytest.mark.parametrize("problem_type", ["ordinal", "multiclass"])
+def test_auto_val_fraction_keeps_a_fifth_where_a_decision_rule_is_fitted_on_the_rows(problem_type: str) -> None:
+    assert {auto_val_fraction(n, problem_type) for n in (240, 3000, 6473, 100_000)} == {0.2}
 
 
 @pytest.mark.parametrize(("given", "val_rows", "recorded"), [(0.25, 60, 0.25), ("auto", 48, 0.2)])

@@ -74,7 +74,7 @@ def write_outputs(
     beside out_dir, then swap."""
     out_dir = Path(params.out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    fraction = (auto_val_fraction(len(tables["train"])) if params.val_fraction == "auto"
+    fraction = (auto_val_fraction(len(tables["train"]), rule.problem_type) if params.val_fraction == "auto"
                 else float(params.val_fraction))
     train, val = stratified_split(tables["train"], schema.label.column, fraction, params.seed,
                                   stratify=rule.problem_type != "regression")
