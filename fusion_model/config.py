@@ -64,18 +64,20 @@ class WideMember(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    text_lr_multiplier: float = Field(1.5, gt=0)  # the text table's learning rate, times lr
+    # the text table's learning rate, times lr; 0: this member's heads read no text logits (the body alone)
+    text_lr_multiplier: float = Field(1.5, ge=0)
     # the text table's L2 penalty as in logistic regression (1 / (2 C)): text_l2 * |w|^2 / training rows
     # added to the mean loss, so rare n-grams cannot fit the rows they occur in (0: none)
     text_l2: float = Field(0.0, ge=0)
-    category_lr_multiplier: float = Field(1.0, gt=0)  # the per-code logits' learning rate, times lr
+    category_lr_multiplier: float = Field(1.0, ge=0)  # the per-code logits' learning rate, times lr; 0: none
     category_l2: float = Field(0.0, ge=0)  # the per-code logits' L2 penalty, as text_l2
 
 
-# a loosely held linear part (fits fast, suits tables led by the deep path) and one trained as a logistic
-# regression (text- and code-led tables): validation weighs them on each table (BENCHMARKS.md)
+# one member whose heads add loosely held word and code logits to the body's, one whose heads read the body
+# alone: the linear member already is the converged logistic regression, so the second deep member's worth is
+# an error of its own for the mix (BENCHMARKS.md)
 DEFAULT_MEMBERS = [WideMember(),
-                   WideMember(text_lr_multiplier=15, text_l2=1.0, category_lr_multiplier=5, category_l2=1.0)]
+                   WideMember(text_lr_multiplier=0, text_l2=0.0, category_lr_multiplier=0, category_l2=0.0)]
 
 # where and how a run trains (data, distribution, run control): one value for the whole run
 _SAME_FOR_EVERY_CANDIDATE = frozenset({

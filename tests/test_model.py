@@ -534,6 +534,33 @@ def test_a_tabm_network_mixes_its_members_heads_into_one_prediction(validated: P
     assert "member_weights" in model.state_dict() and "head_member" not in model.state_dict()
 
 
+def test_a_member_with_zero_multipliers_reads_the_body_alone(validated: Path, pre: Preprocessor) -> None:
+    """train.members' second default entry: its heads add no word or code logits, whatever the tables hold;
+    the first member's heads do."""
+    from pydantic import ValidationError
+
+    from fusion_model.config import TrainConfig, WideMember
+
+    second = TrainConfig().members[1]
+    assert (second.text_lr_multiplier, second.category_lr_multiplier) == (0, 0)
+    with pytest.raises(ValidationError, match="greater than or equal to 0"):
+        WideMember(text_lr_multiplier=-1)
+    torch.manual_seed(0)
+    model = FusionModel(**{**_kwargs(pre), "fusion": "tabm", "ensemble_size": 4,
+                           "member_text_scale": [1.5, 0.0], "member_category_scale": [1.0, 0.0]}).eval()
+    model.text.load_tables(**pre.text_tables)
+    batch = _batch(validated, pre)
+    tables = [model.text.bag.weight, *(t.weight for t in model.category_logit.tables)]
+    with torch.no_grad():
+        before = model.head_outputs(batch)
+        for weight in tables:
+            weight.normal_()
+        after = model.head_outputs(batch)
+    assert model.head_member.tolist() == [0, 1, 0, 1]
+    torch.testing.assert_close(after[:, [1, 3]], before[:, [1, 3]], rtol=0, atol=0)
+    assert not torch.allclose(after[:, [0, 2]], before[:, [0, 2]])
+
+
 def test_a_wide_key_of_the_earlier_layout_is_refused_with_where_it_moved() -> None:
     from pydantic import ValidationError
 
