@@ -128,6 +128,9 @@ class TrainConfig(BaseModel):
     # each `dataset.frequency` key (a rescuer, an item) also enters as a code: of the linear member alone (a
     # penalised one-hot, a shrunk effect per value), or of the deep half when there is no linear member
     frequency_codes: bool = True
+    # ... and as its label mean, a number of the deep half alone (a target encoding, cross-fitted on the training
+    # rows: fusion_model/target_encoding.py)
+    frequency_targets: bool = True
     # the row key enters as a number too when every training value is an integer (a catalogue number)
     id_as_number: bool = True
     # so does each code whose training values are all whole numbers, of more than two (an item number)

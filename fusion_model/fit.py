@@ -110,6 +110,7 @@ def model_kwargs(cfg: TrainConfig, pre: Preprocessor, num_classes: int, modaliti
         "member_category_scale": [m.category_lr_multiplier for m in cfg.members],
         "linear_member": cfg.linear_member,
         "linear_only_codes": len(pre.frequency_codes) + pre.pair_columns if cfg.linear_member else 0,
+        "deep_only_numbers": pre.target_inputs if cfg.linear_member else 0,  # (codes' target encodings)
         "text_model": text_model_entry(cfg.text_model, cfg.text_pooling, cfg.text_lora)
         if cfg.text_model and "text" in modalities else None,
         "text_weights": str(cfg.text_model) if cfg.text_model else None,  # read at training only, as pretrained
@@ -120,8 +121,7 @@ def model_kwargs(cfg: TrainConfig, pre: Preprocessor, num_classes: int, modaliti
 def epochs_for(cfg: TrainConfig, train_rows: int, world_size: int) -> int:
     """max_epochs, raised on a small table until the run makes `min_steps` optimizer steps (at most
     max_epochs_cap epochs): a few thousand rows give few steps per epoch."""
-    steps_per_epoch = max(1, train_rows // max(1, cfg.batch_size * world_size))
-    needed = -(-cfg.min_steps // steps_per_epoch)
+    needed = -(-cfg.min_steps // max(1, train_rows // max(1, cfg.batch_size * world_size)))  # steps / steps per epoch
     return max(cfg.max_epochs, min(cfg.max_epochs_cap, needed))
 
 
@@ -148,9 +148,9 @@ def build_module(cfg: TrainConfig, data: ValidatedData, modalities: list[str] | 
                            text_max_features=cfg.text_max_features, numeric_bins=cfg.numeric_bins,
                            numeric_codes_max=cfg.numeric_codes_max, bin_min_rows=cfg.bin_min_rows,
                            frequency_codes=cfg.frequency_codes, text_chars=cfg.text_chars,
+                           frequency_targets=cfg.frequency_targets, n_classes=len(data.classes),
                            text_tokenizer=read_tokenizer(cfg.text_model) if cfg.text_model else None,
-                           text_max_tokens=cfg.text_max_tokens,
-                           labels=train_labels if cfg.fusion == "tabm" else None,
+                           text_max_tokens=cfg.text_max_tokens, labels=train_labels if cfg.fusion == "tabm" else None,
                            ordered_labels=problem_type in ("ordinal", "regression"),
                            id_as_number=cfg.id_as_number, codes_as_numbers=cfg.codes_as_numbers,
                            pair_bins=cfg.pair_bins and cfg.linear_member,

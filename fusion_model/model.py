@@ -72,6 +72,7 @@ class FusionModel(nn.Module):
         member_category_scale: Sequence[float] = (1.0,),
         linear_member: bool = False,
         linear_only_codes: int = 0,
+        deep_only_numbers: int = 0,
         text_model: dict[str, Any] | None = None,
         text_weights: str | None = None,
         freeze: Sequence[str] = (),
@@ -112,7 +113,10 @@ class FusionModel(nn.Module):
         if linear_member and ("text" in self.modalities or tabular):
             self.linear = LinearMember(
                 text_vocab_size if "text" in self.modalities else 0, list(cat_cardinalities) if tabular else [],
-                list(numeric_bins or []) if tabular and fusion == "tabm" else [], width,
+                # the last `deep_only_numbers` numbers (codes' target encodings) are the deep half's alone: the
+                # linear member reads those codes one-hot, the GLM's own shrunk effect per value
+                list(numeric_bins or [])[: len(numeric_bins or []) - deep_only_numbers]
+                if tabular and fusion == "tabm" else [], width,
                 num_classes if problem_type == "ordinal" else 0)
         self.mixed = members + (self.linear is not None)  # members the validation mix weighs
         # the members' mix, fitted on validation (uniform until then); head h belongs to member h % members,

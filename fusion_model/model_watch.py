@@ -107,7 +107,7 @@ def probe(predictor: Predictor) -> None:
     from fusion_model.data import FusionDataset
 
     pre = predictor.pre
-    plain = pre.numeric_columns[: len(pre.numeric_columns) - len(pre.frequency_columns)]
+    plain = pre.plain_numeric_columns
     row: dict[str, Any] = {c: None for c in [*predictor.schema.feature_columns, *plain, *pre.categorical_columns]}
     row.update({c: "" for c in pre.text_columns})
     with tempfile.TemporaryDirectory(prefix="fusion-probe-") as tmp:

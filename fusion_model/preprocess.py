@@ -1,10 +1,10 @@
 """Feature preprocessing fitted on the training split only and saved with the model as plain JSON.
 
 The columns come from the dataset schema (fusion_model/dataset.py). Tabular: the numbers and the
-frequencies of the `frequency` columns (training rows sharing the row's value: listings per rescuer) are
-log1p-transformed when never negative in training (skewed counts and amounts) and standardised, with bins
-for piecewise-linear encodings (an MLP bends where trees would split); a missing number becomes the
-training mean. Categorical values (canonical text) map through a train vocabulary (0 = unseen value).
+frequencies of the `frequency` columns (training rows sharing the row's value: listings per rescuer), then
+their label means (fusion_model/target_encoding.py; with `labels`), are log1p-transformed when never
+negative in training (skewed counts and amounts) and standardised, with bins for piecewise-linear encodings
+(an MLP bends where trees would split); a missing number becomes the training mean. Categorical values (canonical text) map through a train vocabulary (0 = unseen value).
 Text: the text columns joined, lower-cased, cut into word 1..`text_ngrams`-grams hashed into
 `text_buckets` (crc32: stable everywhere, no vocabulary to download); each row is its distinct n-grams with
 their counts. Which buckets count, their idf and n-gram order are fitted here too, but are tables of the
@@ -25,6 +25,7 @@ import pandas as pd
 import torch
 from PIL import Image
 
+from fusion_model import target_encoding
 from fusion_model.dataset import (
     DatasetSchema,
     canonical,
@@ -34,7 +35,7 @@ from fusion_model.dataset import (
     sort_classes,
 )
 from fusion_model.pair_bins import fit_pair_trees, pair_codes, paired_numbers, path_names
-from fusion_model.text_grams import GramMemo, gram_counts, hashed_grams
+from fusion_model.text_grams import GramMemo, fit_text_tables, gram_counts, hashed_grams
 
 # ImageNet statistics: a fixed, documented choice that also suits a local pretrained weights file.
 IMAGE_MEAN = (0.485, 0.456, 0.406)
@@ -88,6 +89,8 @@ class Preprocessor:
     pair_trees: list[dict[str, Any]] = field(default_factory=list)
     # frequency column -> training rows per value (keys: canonical text)
     frequency_counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    # frequency column -> value -> its label mean (fusion_model/target_encoding.py); inputs after the counts
+    target_tables: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     text_columns: list[str] = field(default_factory=list)
     image_columns: list[str] = field(default_factory=list)
     text_buckets: int = 262144
@@ -108,6 +111,8 @@ class Preprocessor:
     image_std: list[float] = field(default_factory=lambda: list(IMAGE_STD))
     # fitted with the rest but loaded into the model, not saved here (see the module docstring)
     text_tables: dict[str, np.ndarray] | None = field(default=None, repr=False, compare=False)
+    # frequency column -> training row index -> its cross-fitted encoding: what `in_train` reads, not saved
+    target_folds: dict[str, dict[Any, np.ndarray]] | None = field(default=None, repr=False, compare=False)
 
     # ---- fitting and serialisation -------------------------------------------------------------
     @classmethod
@@ -118,6 +123,7 @@ class Preprocessor:
         bin_min_rows: int = 8, id_as_number: bool = False, codes_as_numbers: bool = False,
         numeric_output: str = "encodings", frequency_codes: bool = False, text_chars: int = 0,
         text_tokenizer: tuple[str, int] | None = None, text_max_tokens: int = 128, pair_bins: bool = False,
+        frequency_targets: bool = False, n_classes: int = 0,
     ) -> Preprocessor:
         """Statistics from the training split only (never val/test: that would leak). A numerical column with
         at most `numeric_codes_max` distinct training values (a year, a count of a few kinds) also enters as
@@ -164,6 +170,13 @@ class Preprocessor:
             text_max_features=text_max_features,
             image_size=image_size, image_index=image_index, numeric_output=numeric_output,
         )
+        if frequency_targets and labels is not None and schema.frequency:
+            pre.target_folds = {}
+            for col in pre.frequency_columns:
+                table, pre.target_folds[col] = target_encoding.fit_table(
+                    _frequency_key(train, col), labels, target_encoding.target_type(n_classes))
+                pre.target_tables[col] = table
+                pre.numeric_columns += target_encoding.column_names(col, table)
         if text_tokenizer is not None and pre.text_columns:
             pre.text_tokenizer, pre.text_pad_id = text_tokenizer
             pre.text_max_tokens = text_max_tokens
@@ -186,48 +199,16 @@ class Preprocessor:
             for name, codes in pair_codes(pre.pair_trees, pre.numeric_columns, z).items():
                 pre.categorical_columns.append(name)
                 pre.vocabularies[name] = [str(v) for v in np.unique(codes)]
-        pre.text_tables = pre._fit_text(train, text_min_df) if pre.text_columns else None
+        pre.text_tables = fit_text_tables(pre._joined(train), pre._grams(), pre.text_ngrams, pre.text_chars,
+                                          pre.text_buckets, pre.text_max_features, text_min_df) if pre.text_columns else None
         return pre
 
-    def _fit_text(self, train: pd.DataFrame, min_df: int) -> dict[str, np.ndarray]:
-        """Which buckets the model keeps (seen in >= min_df training rows), remapped to rows 1..V of its
-        table; their idf (smoothed, as scikit-learn's) and n-gram order (the lowest, on a hash collision)."""
-        df_count = np.zeros(self.text_buckets, dtype=np.int64)
-        order = np.full(self.text_buckets, self.text_ngrams + 2, dtype=np.int64)
-        pending_ids: list[int] = []  # rows' distinct buckets and orders, counted in chunks (numpy, not per row)
-        pending_orders: list[int] = []
-
-        def count() -> None:
-            ids = np.asarray(pending_ids, dtype=np.int64)
-            df_count[:] += np.bincount(ids, minlength=self.text_buckets)
-            np.minimum.at(order, ids, np.asarray(pending_orders, dtype=np.int64))
-            pending_ids.clear()
-            pending_orders.clear()
-
-        memo = self._grams()
-        for text in self._joined(train):
-            blocks = hashed_grams(text, self.text_ngrams, self.text_chars, self.text_buckets)
-            memo.remember(text, gram_counts(blocks, self.text_max_features))  # what `text` gives the row
-            seen: dict[int, int] = {}  # bucket -> its lowest order in the row: the lowest block written last
-            for k in range(len(blocks), 0, -1):
-                seen.update(dict.fromkeys(blocks[k - 1], k))
-            pending_ids.extend(seen)
-            pending_orders.extend(seen.values())
-            if len(pending_ids) > 1 << 20:
-                count()
-        count()
-        kept = np.flatnonzero(df_count >= min_df)
-        kept = kept[kept > 0]
-        rows = np.zeros(self.text_buckets, dtype=np.int64)
-        rows[kept] = np.arange(1, len(kept) + 1)
-        n = len(train)
-        idf = np.log((1 + n) / (1 + df_count[kept])) + 1
-        return {"rows": rows, "idf": np.concatenate([[0.0], idf]).astype(np.float32),
-                "order": np.concatenate([[0], order[kept]]).astype(np.int64)}
-
     def to_dict(self) -> dict[str, Any]:
+        folds, self.target_folds = self.target_folds, None  # not copied by asdict: the training rows' only
         data = asdict(self)
+        self.target_folds = folds
         data.pop("text_tables")
+        data.pop("target_folds")
         return data
 
     @classmethod
@@ -260,7 +241,7 @@ class Preprocessor:
     def _numeric_values(self, df: pd.DataFrame, in_train: bool) -> np.ndarray:
         """The numerical columns (NaN when missing) and the frequencies. A training row's counts leave the
         row itself out, so they mean what they mean for a new row: the other rows sharing its value."""
-        n_plain = len(self.numeric_columns) - len(self.frequency_columns)
+        n_plain = len(self.plain_numeric_columns)
         self._require(df, self.numeric_columns[:n_plain])
         parts = [df[self.numeric_columns[:n_plain]].apply(pd.to_numeric, errors="coerce").to_numpy(dtype=float)]
         for col in self.frequency_columns:
@@ -270,7 +251,21 @@ class Preprocessor:
             if in_train:
                 counts = np.clip(counts - 1, 0, None)
             parts.append(counts[:, None])
+        parts += [target_encoding.encode(_frequency_key(df, col), table,
+                                         (self.target_folds or {}).get(col) if in_train else None)
+                  for col, table in self.target_tables.items()]
         return np.concatenate(parts, axis=1) if parts else np.zeros((len(df), 0))
+
+    @property
+    def target_inputs(self) -> int:
+        """How many numeric inputs the frequency keys' target encodings fill, the last ones."""
+        return sum(len(t[target_encoding.UNSEEN]) for t in self.target_tables.values())
+
+    @property
+    def plain_numeric_columns(self) -> list[str]:
+        """The numeric inputs read from the row's own columns (not the frequency keys' counts and encodings)."""
+        derived = len(self.frequency_columns) + self.target_inputs
+        return self.numeric_columns[: len(self.numeric_columns) - derived]
 
     def _logged(self, values: np.ndarray) -> np.ndarray:
         """log1p of the inputs never negative in training: counts and amounts are heavily right-skewed (a few

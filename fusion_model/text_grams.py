@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import zlib
 from collections import Counter
+from collections.abc import Iterable
 from functools import lru_cache
 
 import numpy as np
@@ -90,3 +91,42 @@ class GramMemo(dict[str, tuple[np.ndarray, np.ndarray]]):
         self[text] = value
         self.grams += len(value[0])
         return value
+
+
+def fit_text_tables(texts: Iterable[str], memo: GramMemo, n: int, chars: int, buckets: int, max_features: int,
+                    min_df: int) -> dict[str, np.ndarray]:
+    """The training texts' tables: which buckets the model keeps (seen in >= min_df texts), remapped to rows
+    1..V of its table; their idf (smoothed, as scikit-learn's) and n-gram order (the lowest, on a hash
+    collision). Each text's `gram_counts` are remembered in `memo` on the way."""
+    df_count = np.zeros(buckets, dtype=np.int64)
+    order = np.full(buckets, n + 2, dtype=np.int64)
+    pending_ids: list[int] = []  # texts' distinct buckets and orders, counted in chunks (numpy, not per text)
+    pending_orders: list[int] = []
+
+    def count() -> None:
+        ids = np.asarray(pending_ids, dtype=np.int64)
+        df_count[:] += np.bincount(ids, minlength=buckets)
+        np.minimum.at(order, ids, np.asarray(pending_orders, dtype=np.int64))
+        pending_ids.clear()
+        pending_orders.clear()
+
+    rows_seen = 0
+    for text in texts:
+        rows_seen += 1
+        blocks = hashed_grams(text, n, chars, buckets)
+        memo.remember(text, gram_counts(blocks, max_features))  # what `text` gives the row
+        seen: dict[int, int] = {}  # bucket -> its lowest order in the text: the lowest block written last
+        for k in range(len(blocks), 0, -1):
+            seen.update(dict.fromkeys(blocks[k - 1], k))
+        pending_ids.extend(seen)
+        pending_orders.extend(seen.values())
+        if len(pending_ids) > 1 << 20:
+            count()
+    count()
+    kept = np.flatnonzero(df_count >= min_df)
+    kept = kept[kept > 0]
+    rows = np.zeros(buckets, dtype=np.int64)
+    rows[kept] = np.arange(1, len(kept) + 1)
+    idf = np.log((1 + rows_seen) / (1 + df_count[kept])) + 1
+    return {"rows": rows, "idf": np.concatenate([[0.0], idf]).astype(np.float32),
+            "order": np.concatenate([[0], order[kept]]).astype(np.int64)}

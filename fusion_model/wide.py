@@ -130,6 +130,7 @@ class LinearMember(nn.Module):
             with torch.device("cpu"):  # the library checks the edges with Python `if`s (see TabularEncoder)
                 self.numeric_encoding = PiecewiseLinearEncoding(
                     [torch.tensor(edges, dtype=torch.float32) for edges in numeric_bins])
+        self.numeric_inputs = len(numeric_bins)  # the first ones of the batch's numbers
         total_bins = sum(len(e) - 1 for e in numeric_bins)
         self.register_buffer("numerical_weight", torch.zeros(total_bins, width) if numeric_bins else None)
         # the intercept per output, or an ordinal label's increasing thresholds
@@ -164,7 +165,7 @@ class LinearMember(nn.Module):
         if self.categorical_weight is not None:
             out["categorical"] = batch["categorical"] + self.code_offsets
         if self.numeric_encoding is not None:
-            out["numerical"] = self.numeric_encoding(batch["numeric"].float())
+            out["numerical"] = self.numeric_encoding(batch["numeric"][:, : self.numeric_inputs].float())
         return out
 
     def forward(self, text: TextLogit | None, batch: dict[str, torch.Tensor], mask: set[str]) -> torch.Tensor:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from fusion_model.preprocess import Preprocessor
-from fusion_model.text_grams import GramMemo, _hash, gram_order, hashed_grams, ngrams
+from fusion_model.text_grams import GramMemo, _hash, fit_text_tables, gram_order, hashed_grams, ngrams
 
 TEXTS = ["", "  ", "a", "Über café naïve 123 x-y", "the the the", "a b a b a b c",
          "Friendly puppy, loves kids! Vaccinated & dewormed; 3 months old. Call 012-345 6789.",
@@ -62,7 +62,7 @@ def test_preprocessor_text_tables_and_rows_equal_the_definition(n: int, chars: i
         return pre
 
     pre = preprocessor()
-    tables = pre._fit_text(df, 2)
+    tables = fit_text_tables(pre._joined(df), pre._grams(), n, chars, buckets, max_features, 2)
     expected = _reference_tables(texts, n, chars, buckets, 2)
     for key in expected:
         np.testing.assert_array_equal(tables[key], expected[key], err_msg=key)

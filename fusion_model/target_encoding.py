@@ -1,0 +1,52 @@
+"""A `dataset.frequency` key's target encoding: the label's mean over the training rows sharing the row's value
+(scikit-learn's TargetEncoder: shrunk towards the label's mean as far as the value's rows are few; one share
+per class for classes), saved as a plain table, and the training rows' own values cross-fitted over five folds,
+so that no row's encoding holds its own label."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+TARGET_SUFFIX = " target"  # the numeric input(s) of a frequency key's label mean
+UNSEEN = ""  # the table's entry for a value training never saw (and for an empty key): the label's mean
+
+
+def target_type(n_classes: int) -> str:
+    """TargetEncoder's kind of label: a regression's value, a binary label's positive share, or a share per
+    class (an ordinal label's too: the cumulative link reads each class)."""
+    return "continuous" if n_classes < 2 else "binary" if n_classes == 2 else "multiclass"
+
+
+def fit_table(keys: pd.Series, labels: np.ndarray, kind: str) -> tuple[dict[str, list[float]], dict[Any, np.ndarray]]:
+    """(value -> encoding, with UNSEEN; training row index -> its cross-fitted encoding)."""
+    from sklearn.model_selection import KFold, StratifiedKFold
+    from sklearn.preprocessing import TargetEncoder
+
+    folds = (KFold if kind == "continuous" else StratifiedKFold)(5, shuffle=True, random_state=0)
+    encoder = TargetEncoder(target_type=kind, cv=folds)
+    own = encoder.fit_transform(keys.to_numpy(dtype=object)[:, None], labels)
+    table = np.stack([np.asarray(e, dtype=float) for e in encoder.encodings_], axis=1)  # [values, outputs]
+    out = {str(k): [float(v) for v in row] for k, row in zip(encoder.categories_[0], table, strict=True)}
+    out[UNSEEN] = [float(v) for v in np.atleast_1d(encoder.target_mean_)]
+    return out, dict(zip(keys.index, own.astype(float), strict=True))
+
+
+def column_names(key: str, table: dict[str, list[float]]) -> list[str]:
+    width = len(table[UNSEEN])
+    return [key + TARGET_SUFFIX + (f" {k}" if width > 1 else "") for k in range(width)]
+
+
+def encode(keys: pd.Series, table: dict[str, list[float]], own: dict[Any, np.ndarray] | None = None) -> np.ndarray:
+    """[rows, outputs]: each key's table entry (an empty key: the label's mean, as for an unseen value), or
+    with `own` (the training rows', by the frame's index: validate's row ids), a row's own cross-fitted
+    encoding where it is one of them."""
+    unseen = table[UNSEEN]
+    values = np.array([table.get(k, unseen) if k else unseen for k in keys], dtype=float).reshape(len(keys), -1)
+    if own:
+        for i, (row, key) in enumerate(zip(keys.index, keys, strict=True)):
+            if key and row in own:
+                values[i] = own[row]
+    return values
