@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if os.environ.get("PYTEST_XDIST_WORKER"):  # the order the workers are fed in; a plain `pytest` keeps the files' order
         rank = {g: i for i, g in enumerate(LONGEST_FIRST)}
         items.sort(key=lambda item: rank.get(_group(item.path), len(rank)))  # stable: each file's order kept
+
+
+@pytest.fixture(scope="module")
+def one_thread() -> Iterator[None]:
+    """One intra-op thread for a module's in-process fits (`pytestmark = pytest.mark.usefixtures("one_thread")`):
+    on a shared 2-core machine two OpenMP threads spin-wait on each other (a step measured 4.4 s instead of
+    0.2 s at load 9)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -20,15 +19,7 @@ from fusion_model.predict import PredictError, Predictor, build_model, read_rows
 from fusion_model.preprocess import PreprocessError, Preprocessor
 from tests.validated_tables import make_validated
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """One intra-op thread: on a shared 2-core machine two OpenMP threads spin-wait on each other (a
-    step measured 4.4 s instead of 0.2 s at load 9)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ saved with the model for new rows, the training rows' own values cross-fitted, n
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -21,13 +20,7 @@ from fusion_model.preprocess import Preprocessor
 from tests.linear_member_worker import config as _config
 from tests.validated_tables import make_validated
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
