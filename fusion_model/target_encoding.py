@@ -22,6 +22,9 @@ def target_type(n_classes: int) -> str:
 
 def fit_table(keys: pd.Series, labels: np.ndarray, kind: str) -> tuple[dict[str, list[float]], dict[Any, np.ndarray]]:
     """(value -> encoding, with UNSEEN; training row index -> its cross-fitted encoding)."""
+    if not keys.index.is_unique:  # a row's own encoding is found by its index: a repeated one would take another's
+        raise ValueError(f"the training rows' index repeats values ({keys.index[keys.index.duplicated()][:3].tolist()}"
+                         "...); give them unique row ids (validate's row_id) or reset_index() before fitting")
     from sklearn.model_selection import KFold, StratifiedKFold
     from sklearn.preprocessing import TargetEncoder
 

@@ -122,3 +122,10 @@ def test_an_empty_key_reads_the_labels_mean_in_training_as_for_a_new_row(validat
     mean = pre.target_tables["RescuerID"][""][0]
     np.testing.assert_allclose(_column(pre, train, "RescuerID target", in_train=True)[empty], mean, rtol=1e-5)
     np.testing.assert_allclose(_column(pre, train, "RescuerID target")[empty], mean, rtol=1e-5)
+
+
+def test_training_rows_with_a_repeated_index_are_refused(validated: Path) -> None:
+    data = ValidatedData.read(validated)
+    twice = pd.concat([data.train.iloc[:20], data.train.iloc[:20]])
+    with pytest.raises(ValueError, match="unique row ids"):
+        _fit(data, twice)
