@@ -188,7 +188,9 @@ def test_the_refit_starts_from_the_selections_fit_and_reaches_the_same_optimum(v
         return result
 
     monkeypatch.setattr(wide_fit.scipy.optimize, "minimize", counted)
-    every = dataclasses.replace(data, train=pd.concat([data.train, data.val]))
+    # validate's row ids are unique across the splits (this fixture's restart in each): the target encodings
+    # find a training row's own value by them
+    every = dataclasses.replace(data, train=pd.concat([data.train, data.val], ignore_index=True))
     modalities = selection.model.modalities
     pre_every, _, cold = build_module(cfg, every, modalities)
     _, _, warm = build_module(cfg, every, modalities, linear_start=(pre, glm))
