@@ -4,7 +4,8 @@ The columns come from the dataset schema (fusion_model/dataset.py). Tabular: the
 frequencies of the `frequency` columns (training rows sharing the row's value: listings per rescuer), then
 their label means (fusion_model/target_encoding.py; with `labels`), are log1p-transformed when never
 negative in training (skewed counts and amounts) and standardised, with bins for piecewise-linear encodings
-(an MLP bends where trees would split); a missing number becomes the training mean. Categorical values (canonical text) map through a train vocabulary (0 = unseen value).
+(an MLP bends where trees would split); a missing number becomes the training mean. Categorical values
+(canonical text) map through a train vocabulary (0 = unseen value).
 Text: the text columns joined, lower-cased, cut into word 1..`text_ngrams`-grams hashed into
 `text_buckets` (crc32: stable everywhere, no vocabulary to download); each row is its distinct n-grams with
 their counts. Which buckets count, their idf and n-gram order are fitted here too, but are tables of the

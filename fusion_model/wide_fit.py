@@ -218,7 +218,7 @@ def carried_over(glm: Glm, before: Preprocessor, after: Preprocessor, model: Fus
             old_start = dict(zip(before.numeric_columns, _starts([len(e) - 1 for e in before.numeric_bins]),
                                  strict=True))
             starts = _starts([len(e) - 1 for e in after.numeric_bins])
-            linear = len(after.numeric_columns) - after.target_inputs  # the deep half's alone after them
+            linear = model.linear.numeric_inputs  # the numbers it reads: the deep half's alone come after them
             for column, edges, start in zip(after.numeric_columns[:linear], after.numeric_bins[:linear],
                                             starts[:linear], strict=True):
                 if column in old_bins and list(old_bins[column]) == list(edges):
