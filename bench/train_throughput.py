@@ -33,8 +33,8 @@ def plain_loop(cfg: TrainConfig, steps: int, warmup: int) -> float:
     """samples/s of a hand-written loop in one process: same model, data pipeline and optimizer."""
     from torch.utils.data import DataLoader
 
+    from fusion_model.build import model_kwargs
     from fusion_model.data import FusionDataset, ValidatedData
-    from fusion_model.fit import model_kwargs
     from fusion_model.module import FusionModule
     from fusion_model.preprocess import Preprocessor
 

@@ -19,9 +19,9 @@ import torch
 from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fusion_model.build import build_module  # noqa: E402
 from fusion_model.config import TrainConfig  # noqa: E402
 from fusion_model.data import ValidatedData  # noqa: E402
-from fusion_model.fit import build_module  # noqa: E402
 from fusion_model.processes import end_process  # noqa: E402
 
 

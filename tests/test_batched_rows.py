@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from fusion_model.build import build_module
 from fusion_model.config import TrainConfig
 from fusion_model.data import BatchedFusionDataset, FusionDataset, ValidatedData, whole_batch
-from fusion_model.fit import build_module
 from tests.validated_tables import make_validated
 
 

@@ -16,8 +16,8 @@ import torch
 from safetensors.torch import load_file
 from sklearn.linear_model import LogisticRegression
 
+from fusion_model.build import build_module
 from fusion_model.data import FusionDataset, ValidatedData
-from fusion_model.fit import build_module
 from fusion_model.glm_problem import GlmProblem
 from fusion_model.rank_sums import RankSums
 from fusion_model.wide_fit import L2_GRIDS, _walk, design

@@ -15,9 +15,9 @@ from scipy import sparse
 from sklearn.linear_model import LogisticRegression
 from sklearn.tree import DecisionTreeClassifier, DecisionTreeRegressor
 
+from fusion_model.build import build_module
 from fusion_model.data import FusionDataset, ValidatedData
 from fusion_model.dataset import resolve_schema
-from fusion_model.fit import build_module
 from fusion_model.pair_bins import (
     MAX_PAIRED,
     PATH_COLUMNS,

@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 import torch
 
+from fusion_model.build import build_module
 from fusion_model.config import TrainConfig
 from fusion_model.data import ValidatedData
-from fusion_model.fit import build_module
 from tasks.train import train
 
 pytestmark = pytest.mark.slow

@@ -14,8 +14,8 @@ from sklearn.metrics import roc_auc_score
 from sklearn.model_selection import StratifiedKFold
 from sklearn.preprocessing import TargetEncoder
 
+from fusion_model.build import build_module
 from fusion_model.data import ValidatedData
-from fusion_model.fit import build_module
 from fusion_model.preprocess import Preprocessor
 from tests.linear_member_worker import config as _config
 from tests.validated_tables import make_validated
