@@ -87,6 +87,7 @@ def build_module(cfg: TrainConfig, data: ValidatedData, modalities: list[str] | 
                            numeric_codes_max=cfg.numeric_codes_max, bin_min_rows=cfg.bin_min_rows,
                            frequency_codes=cfg.frequency_codes, text_chars=cfg.text_chars,
                            frequency_targets=cfg.frequency_targets, n_classes=len(data.classes),
+                           frequency_crosses=cfg.frequency_crosses,
                            text_tokenizer=read_tokenizer(cfg.text_model) if cfg.text_model else None,
                            text_max_tokens=cfg.text_max_tokens, labels=train_labels if cfg.fusion == "tabm" else None,
                            ordered_labels=problem_type in ("ordinal", "regression"),

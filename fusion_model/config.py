@@ -131,6 +131,9 @@ class TrainConfig(BaseModel):
     # ... and as its label mean, a number of the deep half alone (a target encoding, cross-fitted on the training
     # rows: fusion_model/target_encoding.py)
     frequency_targets: bool = True
+    # ... and the key of most values crossed with each code (a rescuer's label mean among its cats), as CatBoost's
+    # combinations of categorical features
+    frequency_crosses: bool = True
     # the row key enters as a number too when every training value is an integer (a catalogue number)
     id_as_number: bool = True
     # so does each code whose training values are all whole numbers, of more than two (an item number)

@@ -90,8 +90,10 @@ class Preprocessor:
     pair_trees: list[dict[str, Any]] = field(default_factory=list)
     # frequency column -> training rows per value (keys: canonical text)
     frequency_counts: dict[str, dict[str, int]] = field(default_factory=dict)
-    # frequency column -> value -> its label mean (fusion_model/target_encoding.py); inputs after the counts
+    # frequency key (or crossed key) -> value -> its label mean (fusion_model/target_encoding.py); inputs after the counts
     target_tables: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    # table -> the columns whose values make its key: a frequency key, or one crossed with a code (absent: its name)
+    target_keys: dict[str, list[str]] = field(default_factory=dict)
     text_columns: list[str] = field(default_factory=list)
     image_columns: list[str] = field(default_factory=list)
     text_buckets: int = 262144
@@ -112,7 +114,7 @@ class Preprocessor:
     image_std: list[float] = field(default_factory=lambda: list(IMAGE_STD))
     # fitted with the rest but loaded into the model, not saved here (see the module docstring)
     text_tables: dict[str, np.ndarray] | None = field(default=None, repr=False, compare=False)
-    # frequency column -> training row index -> its cross-fitted encoding: what `in_train` reads, not saved
+    # table -> training row index -> its cross-fitted encoding: what `in_train` reads, not saved
     target_folds: dict[str, dict[Any, np.ndarray]] | None = field(default=None, repr=False, compare=False)
 
     # ---- fitting and serialisation -------------------------------------------------------------
@@ -124,7 +126,7 @@ class Preprocessor:
         bin_min_rows: int = 8, id_as_number: bool = False, codes_as_numbers: bool = False,
         numeric_output: str = "encodings", frequency_codes: bool = False, text_chars: int = 0,
         text_tokenizer: tuple[str, int] | None = None, text_max_tokens: int = 128, pair_bins: bool = False,
-        frequency_targets: bool = False, n_classes: int = 0,
+        frequency_targets: bool = False, frequency_crosses: bool = False, n_classes: int = 0,
     ) -> Preprocessor:
         """Statistics from the training split only (never val/test: that would leak). A numerical column with
         at most `numeric_codes_max` distinct training values (a year, a count of a few kinds) also enters as
@@ -173,11 +175,13 @@ class Preprocessor:
         )
         if frequency_targets and labels is not None and schema.frequency:
             pre.target_folds = {}
-            for col in pre.frequency_columns:
-                table, pre.target_folds[col] = target_encoding.fit_table(
-                    _frequency_key(train, col), labels, target_encoding.target_type(n_classes))
-                pre.target_tables[col] = table
-                pre.numeric_columns += target_encoding.column_names(col, table)
+            pre.target_keys = target_encoding.keyed_columns(pre.frequency_columns, list(columns.categorical),
+                                                            pre.frequency_counts, frequency_crosses)
+            for name, keyed in pre.target_keys.items():
+                table, pre.target_folds[name] = target_encoding.fit_table(
+                    target_encoding.key_values(train, keyed), labels, target_encoding.target_type(n_classes))
+                pre.target_tables[name] = table
+                pre.numeric_columns += target_encoding.column_names(name, table)
         if text_tokenizer is not None and pre.text_columns:
             pre.text_tokenizer, pre.text_pad_id = text_tokenizer
             pre.text_max_tokens = text_max_tokens
@@ -252,9 +256,9 @@ class Preprocessor:
             if in_train:
                 counts = np.clip(counts - 1, 0, None)
             parts.append(counts[:, None])
-        parts += [target_encoding.encode(_frequency_key(df, col), table,
-                                         (self.target_folds or {}).get(col) if in_train else None)
-                  for col, table in self.target_tables.items()]
+        parts += [target_encoding.encode(target_encoding.key_values(df, self.target_keys.get(name, [name])), table,
+                                         (self.target_folds or {}).get(name) if in_train else None)
+                  for name, table in self.target_tables.items()]
         return np.concatenate(parts, axis=1) if parts else np.zeros((len(df), 0))
 
     @property

@@ -17,6 +17,7 @@ from sklearn.preprocessing import TargetEncoder
 from fusion_model.build import build_module
 from fusion_model.data import ValidatedData
 from fusion_model.preprocess import Preprocessor
+from fusion_model.target_encoding import keyed_columns
 from tests.linear_member_worker import config as _config
 from tests.validated_tables import make_validated
 
@@ -102,13 +103,15 @@ def test_the_encodings_are_numbers_of_the_deep_half_alone(validated: Path) -> No
     data = ValidatedData.read(validated)
     pre, kwargs, module = build_module(_config(validated), data)
     model = module.model
-    assert pre.target_inputs == 2 and kwargs["deep_only_numbers"] == 2
+    crossed = [c for c in data.schema.columns.categorical if c not in data.schema.frequency]
+    n = 2 + len(crossed)  # each key, and the key of most values (Breed1 here) crossed with each other code
+    assert pre.target_inputs == n and kwargs["deep_only_numbers"] == n
     assert kwargs["n_numeric"] == len(pre.numeric_columns)  # the deep half embeds every number
-    linear_bins = sum(len(e) - 1 for e in pre.numeric_bins[:-2])
-    assert model.linear.numeric_inputs == len(pre.numeric_columns) - 2
+    linear_bins = sum(len(e) - 1 for e in pre.numeric_bins[:-n])
+    assert model.linear.numeric_inputs == len(pre.numeric_columns) - n
     assert model.linear.numerical_weight.shape[0] == linear_bins
     _, off_kwargs, off = build_module(_config(validated, frequency_targets=False), data)
-    assert off_kwargs["deep_only_numbers"] == 0 and off_kwargs["n_numeric"] == kwargs["n_numeric"] - 2
+    assert off_kwargs["deep_only_numbers"] == 0 and off_kwargs["n_numeric"] == kwargs["n_numeric"] - n
     # the linear member's fit does not depend on them: the same penalties and weights either way
     for block, weight in off.linear_glm.weights.items():
         np.testing.assert_allclose(module.linear_glm.weights[block], weight, rtol=1e-4, atol=1e-6)
@@ -129,3 +132,45 @@ def test_training_rows_with_a_repeated_index_are_refused(validated: Path) -> Non
     twice = pd.concat([data.train.iloc[:20], data.train.iloc[:20]])
     with pytest.raises(ValueError, match="unique row ids"):
         _fit(data, twice)
+
+
+def test_the_key_of_most_values_is_crossed_with_each_code() -> None:
+    counts = {"RescuerID": {"a": 3, "b": 1, "c": 2}, "Breed1": {"1": 5, "2": 1}}
+    assert keyed_columns(["RescuerID", "Breed1"], ["Type", "Breed1", "State"], counts, crosses=True) == {
+        "RescuerID": ["RescuerID"], "Breed1": ["Breed1"],
+        "RescuerID & Type": ["RescuerID", "Type"], "RescuerID & State": ["RescuerID", "State"]}
+    assert keyed_columns(["RescuerID", "Breed1"], ["Type"], counts, crosses=False) == {
+        "RescuerID": ["RescuerID"], "Breed1": ["Breed1"]}
+    assert keyed_columns([], ["Type"], {}, crosses=True) == {}
+
+
+def test_a_crossed_key_reads_what_neither_column_says_alone(validated: Path) -> None:
+    """Each rescuer places its dogs fast and its cats slowly, or the other way round: the rescuer's mean and the
+    type's say nothing, the crossed key's mean says it all, for new rows from the saved table too."""
+    data = ValidatedData.read(validated)
+    n = len(data.train)
+    train = data.train.assign(RescuerID=[f"r{i % 12}" for i in range(n)], Breed1="1",
+                              Type=[str(1 + (i // 12) % 2) for i in range(n)])
+    labels = np.array([(i % 12 % 2) ^ ((i // 12) % 2) for i in range(n)])
+    pre = _fit(data, train, labels=labels, frequency_crosses=True)
+    assert pre.target_keys["RescuerID & Type"] == ["RescuerID", "Type"]
+    assert "Breed1 & Type" not in pre.target_keys  # one value: not the key of most values
+    new = train.assign(row_id=train["row_id"] + 10_000)  # read as new rows: the saved tables
+    assert roc_auc_score(labels, _column(pre, new, "RescuerID & Type target")) == 1.0
+    assert roc_auc_score(labels, _column(pre, new, "RescuerID target")) < 0.7
+    assert roc_auc_score(labels, _column(pre, train, "RescuerID & Type target", in_train=True)) > 0.9
+    # an empty rescuer reads the label's mean in its crosses too; the saved keys rebuild the same inputs
+    empty = new.assign(RescuerID="")
+    np.testing.assert_allclose(_column(pre, empty, "RescuerID & Type target"),
+                               pre.target_tables["RescuerID & Type"][""][0], rtol=1e-5)
+    again = Preprocessor.from_dict(json.loads(json.dumps(pre.to_dict())))
+    assert torch.equal(again.numeric(new), pre.numeric(new))
+
+
+def test_a_model_saved_before_crossed_keys_reads_its_tables_by_their_names(validated: Path) -> None:
+    data = ValidatedData.read(validated)
+    pre = _fit(data)
+    saved = pre.to_dict()
+    assert saved["target_keys"] == {"RescuerID": ["RescuerID"], "Breed1": ["Breed1"]}
+    saved.pop("target_keys")  # model_config.json of the last format without crossed keys
+    assert torch.equal(Preprocessor.from_dict(saved).numeric(data.val), pre.numeric(data.val))
