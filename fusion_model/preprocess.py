@@ -46,10 +46,8 @@ FREQUENCY_SUFFIX = " frequency"  # the numeric input counting a `frequency` colu
 
 def _frequency_key(df: pd.DataFrame, column: str) -> pd.Series:
     """The key a frequency is counted by, the same at fit and at transform: the canonical text of the cell
-    ("" when empty or when the column is absent: no key)."""
-    if column not in df.columns:
-        return pd.Series("", index=df.index, dtype=object)
-    return df[column].map(canonical)
+    ("" when empty or when the column is absent: no key), as a target encoding's key."""
+    return target_encoding.key_values(df, [column])
 
 
 def _bin_edges(z: np.ndarray, n_bins: int, labels: np.ndarray | None, ordered: bool, min_rows: int) -> list[float]:
