@@ -144,6 +144,7 @@ class TrainConfig(BaseModel):
     # the linear member: a penalised linear model over the text n-grams, codes and numbers, fitted to
     # convergence before the deep half trains and weighed in the validation mix (fusion_model/wide_fit.py)
     linear_member: bool = True
+    gram_ratios: bool = True  # the linear member weighs each n-gram by its naive Bayes log-count ratio (NBSVM)
     linear_l2: LinearPenalties = Field(default_factory=lambda: LinearPenalties())
     # the portfolio: members of one network, mixed by weights fitted on validation (fusion tabm)
     members: list[WideMember] = Field(default_factory=lambda: [m.model_copy() for m in DEFAULT_MEMBERS],

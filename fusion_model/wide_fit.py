@@ -29,6 +29,7 @@ import torch
 from fusion_model.config import TrainConfig
 from fusion_model.data import ValidatedData
 from fusion_model.glm_problem import Design, Glm, GlmProblem, logits
+from fusion_model.gram_ratios import gram_scales, label_classes
 from fusion_model.model import FusionModel
 from fusion_model.preprocess import Preprocessor
 from fusion_model.rank_sums import RankSums, rank_sums
@@ -232,14 +233,35 @@ def _starts(sizes: list[int]) -> list[int]:
     return [int(x) for x in np.cumsum([0, *sizes])[:-1]]
 
 
+def _gram_scales(model: FusionModel, x: Design, labels: np.ndarray, sums: RankSums) -> dict[str, np.ndarray]:
+    """The text blocks' per-gram scales (fusion_model/gram_ratios.py) from the training rows' labels."""
+    assert model.linear is not None
+    n_classes = {"binary": 2, "multiclass": model.width,
+                 "ordinal": model.linear.intercept.numel() + 1}.get(model.problem_type, 0)
+    classes, n_classes = label_classes(labels, n_classes, sums)
+    return {b: gram_scales(x[b], classes, n_classes, sums) for b in ("text", "chars") if b in x}
+
+
+def _scaled(x: Design, scales: dict[str, np.ndarray]) -> Design:
+    return {b: (m @ sp.diags(scales[b])).tocsr() if b in scales else m for b, m in x.items()}
+
+
+def _scaled_glm(glm: Glm, scales: dict[str, np.ndarray], power: int) -> Glm:
+    """`glm`'s weights times (power 1) or divided by (-1) their inputs' scales."""
+    return Glm({b: w * scales[b][:, None] ** power if b in scales else w for b, w in glm.weights.items()},
+               glm.intercept, glm.loss)
+
+
 def fit_linear(model: FusionModel, batch: dict[str, torch.Tensor], labels: torch.Tensor, *,
                l2: dict[str, float | None], loss_kwargs: dict | None = None,
                val_batch: dict[str, torch.Tensor] | None = None, val_labels: torch.Tensor | None = None,
-               start: Glm | None = None, sums: RankSums | None = None, pair_codes: int = 0) -> tuple[dict, Glm]:
+               start: Glm | None = None, sums: RankSums | None = None, pair_codes: int = 0,
+               gram_ratios: bool = True) -> tuple[dict, Glm]:
     """Fit the model's linear member on `batch` (a block's penalty left None is chosen on `val_batch`; with
     every penalty given, from `start`) and write it into its buffers; returns the penalties used, the
     losses and the penalties tried, and the fit. With `sums` across ranks, the batches are this rank's
-    share of the rows and every rank gets the fit of all of them."""
+    share of the rows and every rank gets the fit of all of them. `gram_ratios`: the n-grams weighed by
+    their naive Bayes log-count ratios in the fit (fusion_model/gram_ratios.py)."""
     linear = model.linear
     if linear is None:
         return {}, Glm({}, np.zeros(0), 0.0)
@@ -247,6 +269,12 @@ def fit_linear(model: FusionModel, batch: dict[str, torch.Tensor], labels: torch
     train = design(model, batch, pair_codes)
     problem = GlmProblem(model, labels, kwargs, sums)
     val = design(model, val_batch, pair_codes) if val_batch is not None else None
+    # fitted on the scaled grams, the weights then scaled back: the same logits, a penalty per gram
+    scales = _gram_scales(model, train, labels.numpy(), problem.sums) if gram_ratios else {}
+    report_val = val
+    train, val = _scaled(train, scales), _scaled(val, scales) if val is not None else None
+    if start is not None:
+        start = _scaled_glm(start, scales, -1)
     val_problem = GlmProblem(model, val_labels, kwargs, sums) if val_labels is not None else None
     unset = [b for b in train if l2.get(b) is None]
     tried: dict[str, dict[float, float]] = {}
@@ -257,6 +285,7 @@ def fit_linear(model: FusionModel, batch: dict[str, torch.Tensor], labels: torch
     else:
         chosen = {b: float(l2[b]) for b in train}  # type: ignore[arg-type]
         glm = _fit(train, problem, chosen, start)
+    glm = _scaled_glm(glm, scales, 1)
     with torch.no_grad():  # the word and character grams' blocks share one table: zeroed, then each added
         for name in glm.weights:
             linear.weight(name).zero_()
@@ -264,10 +293,10 @@ def fit_linear(model: FusionModel, batch: dict[str, torch.Tensor], labels: torch
             linear.weight(name).add_(torch.from_numpy(problem.model_weights(w)).to(linear.weight(name).dtype))
         linear.intercept.copy_(torch.from_numpy(problem.thresholds(glm.intercept)))
     report: dict = {"l2": chosen, "train_loss": round(glm.loss, 5)}
-    if val is not None and val_problem is not None:
-        report["val_loss"] = round(val_problem.loss(glm, val), 5)
+    if report_val is not None and val_problem is not None:
+        report["val_loss"] = round(val_problem.loss(glm, report_val), 5)
     if tried:
-        report["tried"] = {b: {str(v): round(s, 5) for v, s in d.items()} for b, d in tried.items()}
+        report["tried"] = {b: {str(v): float(f"{s:.6g}") for v, s in d.items()} for b, d in tried.items()}
     return report, glm
 
 
@@ -302,7 +331,7 @@ def fit_linear_member(model: Any, pre: Preprocessor, data: ValidatedData, labels
                              l2=l2, loss_kwargs=scale, val_batch=batch(own(data.val), False) if choose else None,
                              val_labels=torch.as_tensor(data.labels(own(data.val))) if choose else None,
                              start=carried_over(start[1], start[0], pre, model) if start and not choose else None,
-                             sums=sums, pair_codes=pre.pair_columns)
+                             sums=sums, pair_codes=pre.pair_columns, gram_ratios=cfg.gram_ratios)
     report["fit_wall_s"] = round(time.perf_counter() - started, 2)
     report["rows"] = len(data.train)
     if int(os.environ.get("RANK", "0")) == 0:

@@ -40,28 +40,49 @@ def _batch(data: ValidatedData, pre, df) -> dict[str, torch.Tensor]:  # noqa: AN
     return {k: torch.stack([ds[i][k] for i in range(len(ds))]) for k in ds[0]}
 
 
-def test_the_fitted_member_is_scikit_learns_logistic_regression_on_the_same_features(validated: Path) -> None:
+def _nbsvm_scaled(block: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """NBSVM's features (Wang & Manning 2012): each column times 1 + |r|, r = log((p / |p|_1) / (q / |q|_1)),
+    p and q one plus the rows of either class holding it, over the columns some row holds."""
+    held = (block != 0).any(0)
+    present = (block[:, held] != 0).astype(float)
+    p, q = 1 + present[labels == 1].sum(0), 1 + present[labels == 0].sum(0)
+    out = block.copy()
+    out[:, held] *= 1 + np.abs(np.log(p / p.sum()) - np.log(q / q.sum()))
+    return out
+
+
+@pytest.mark.parametrize("gram_ratios", [True, False])
+def test_the_fitted_member_is_scikit_learns_logistic_regression_on_the_same_features(validated: Path,
+                                                                                      gram_ratios: bool) -> None:
     data = ValidatedData.read(validated)
     l2 = 0.5
-    pre, _, module = build_module(_config(validated, linear_l2={"text": l2, "chars": l2, "categorical": l2, "numerical": l2}), data)
+    pre, _, module = build_module(_config(validated, gram_ratios=gram_ratios,
+                                          linear_l2={"text": l2, "chars": l2, "categorical": l2, "numerical": l2}), data)
     model = module.model.eval()
     assert model.linear is not None
     batch = _batch(data, pre, data.train)
     x = design(model, batch)
     assert list(x) == ["text", "chars", "categorical", "numerical"]  # word and character grams apart
-    features = np.hstack([m.toarray() for m in x.values()])
+    labels = batch["label"].numpy()
+    # with gram_ratios the member is the same regression on NBSVM's scaled grams, its weights scaled back
+    features = np.hstack([_nbsvm_scaled(m.toarray(), labels) if gram_ratios and b in ("text", "chars")
+                          else m.toarray() for b, m in x.items()])
     # two softmax logits with L2 on both are one logistic regression of their difference at half the
     # penalty: mean loss + l2 |w|^2 / n  ==  scikit-learn's C = 1 / l2 on the difference
-    reference = LogisticRegression(C=1 / l2, tol=1e-10, max_iter=10_000).fit(features, batch["label"].numpy())
+    reference = LogisticRegression(C=1 / l2, tol=1e-10, max_iter=10_000).fit(features, labels)
     with torch.no_grad():
         linear = model.head_outputs(batch)[:, -1]  # the linear member's head: the last one
     ours = torch.softmax(linear, -1)[:, 1].numpy()
     theirs = reference.predict_proba(features)[:, 1]
     assert np.abs(ours - theirs).max() < 5e-3
-    # ... and not a regression at another penalty: half or twice it lands measurably elsewhere
-    for c in (0.5 / l2, 2 / l2):
-        other = LogisticRegression(C=c, tol=1e-10, max_iter=10_000).fit(features, batch["label"].numpy())
-        assert np.abs(ours - other.predict_proba(features)[:, 1]).max() > 1e-2
+    # ... and not a regression at another penalty, nor of the other kind of grams: their log odds land
+    # measurably elsewhere (the tiny table's rows are nearly separable: probabilities near 0 and 1 tell little)
+    log_odds = (linear[:, 1] - linear[:, 0]).numpy()
+    unscaled = np.hstack([m.toarray() for m in x.values()])
+    for c, other_features in ((0.5 / l2, features), (2 / l2, features),
+                              (1 / l2, _nbsvm_scaled(unscaled, labels) if not gram_ratios else unscaled)):
+        other = LogisticRegression(C=c, tol=1e-10, max_iter=10_000).fit(other_features, labels)
+        assert np.abs(log_odds - other.decision_function(other_features)).max() > 0.2
     assert all(model.linear.weight(b).abs().sum() > 0 for b in x)
 
 
@@ -261,10 +282,12 @@ def test_the_penalties_are_compared_between_converged_fits(validated: Path) -> N
     data = ValidatedData.read(validated)
     pre, _, module = build_module(_config(validated), data)
     model, report = module.model, module.linear_report
-    x = design(model, _batch(data, pre, data.train))
-    val = design(model, _batch(data, pre, data.val))
-    problem = GlmProblem(model, torch.as_tensor(data.labels(data.train)), {})
+    labels = torch.as_tensor(data.labels(data.train))
+    problem = GlmProblem(model, labels, {})
     val_problem = GlmProblem(model, torch.as_tensor(data.labels(data.val)), {})
+    x = design(model, _batch(data, pre, data.train))
+    scales = wide_fit._gram_scales(model, x, labels.numpy(), problem.sums)  # the grams as the walk fitted them
+    x, val = wide_fit._scaled(x, scales), wide_fit._scaled(design(model, _batch(data, pre, data.val)), scales)
     chosen: dict[str, float] = {}
     for block in ("text", "chars", "categorical", "numerical"):
         part = {b: x[b] for b in [*chosen, block]}
