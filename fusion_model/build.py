@@ -64,6 +64,7 @@ def model_kwargs(cfg: TrainConfig, pre: Preprocessor, num_classes: int, modaliti
         "member_text_scale": [m.text_lr_multiplier for m in cfg.members],
         "member_category_scale": [m.category_lr_multiplier for m in cfg.members],
         "linear_member": cfg.linear_member,
+        "linear_multinomial": cfg.linear_multinomial,
         "linear_only_codes": len(pre.frequency_codes) + pre.pair_columns if cfg.linear_member else 0,
         "deep_only_numbers": pre.target_inputs if cfg.linear_member else 0,  # (codes' target encodings)
         "text_model": text_model_entry(cfg.text_model, cfg.text_pooling, cfg.text_lora)

@@ -146,6 +146,10 @@ class TrainConfig(BaseModel):
     linear_member: bool = True
     gram_ratios: bool = True  # the linear member weighs each n-gram by its naive Bayes log-count ratio (NBSVM)
     linear_l2: LinearPenalties = Field(default_factory=lambda: LinearPenalties())
+    # an ordinal label's second linear member: the same inputs as a multinomial GLM, its class probabilities
+    # read as the head's P(y > k); its penalties (null: chosen on validation, from the first member's choice)
+    linear_multinomial: bool = True
+    linear_classes_l2: LinearPenalties = Field(default_factory=lambda: LinearPenalties())
     # the portfolio: members of one network, mixed by weights fitted on validation (fusion tabm)
     members: list[WideMember] = Field(default_factory=lambda: [m.model_copy() for m in DEFAULT_MEMBERS],
                                       min_length=1)
@@ -216,9 +220,12 @@ class TrainConfig(BaseModel):
     max_steps: int = Field(-1, ge=-1)  # -1: as many as max_epochs gives; a cap for quick runs
     save_gathered_weights: Path | None = None  # after fit: the final fp32 weights as safetensors
 
-    def with_linear_l2(self, l2: dict[str, float]) -> TrainConfig:
-        """This config with the linear member's penalties set (those validation chose, for a refit)."""
-        return self.model_copy(update={"linear_l2": self.linear_l2.model_copy(update=l2)})
+    def with_linear_l2(self, report: dict[str, Any]) -> TrainConfig:
+        """This config with the linear members' penalties set as a fit `report` gives them (those validation
+        chose, for a refit)."""
+        classes = report.get("classes", {}).get("l2", {})
+        return self.model_copy(update={"linear_l2": self.linear_l2.model_copy(update=report["l2"]),
+                                       "linear_classes_l2": self.linear_classes_l2.model_copy(update=classes)})
 
     @property
     def retrains(self) -> bool:

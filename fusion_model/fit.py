@@ -124,7 +124,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
             write_json(out_dir / TRAIN_SUMMARY, summary)
         return summary
     if selection.get("linear"):  # the refit's linear member keeps the penalties validation chose
-        chosen = chosen.with_linear_l2(selection["linear"]["l2"])
+        chosen = chosen.with_linear_l2(selection["linear"])
     return refit(chosen, data, selection["summary"], selection["modalities"], selection["decision"], devices,
                  on_cuda, selection["max_epochs"], selection.get("linear_start"))
 

@@ -30,21 +30,25 @@ class GlmProblem:
     """The loss of a GLM's logits under the network's head (torch autograd on the [rows, width] logits), on
     this rank's share of the rows: `sums` adds the ranks' parts into the mean over every rank's rows."""
 
-    def __init__(self, model: FusionModel, labels: torch.Tensor, loss_kwargs: dict, sums: RankSums | None = None
-                 ) -> None:
-        assert model.linear is not None
-        self.problem_type, self.labels, self.kwargs = model.problem_type, labels, loss_kwargs
+    def __init__(self, model: FusionModel, labels: torch.Tensor, loss_kwargs: dict, sums: RankSums | None = None,
+                 member: str = "linear") -> None:
+        linear = model.linear_members()[member]
+        # "linear_classes": an ordinal label's multinomial member, a softmax over its classes
+        classes = member == "linear_classes"
+        self.problem_type = "multiclass" if classes else model.problem_type
+        self.labels, self.kwargs = labels, loss_kwargs
         self.sums = sums or RankSums()
         self.rows = int(self.sums.sum(np.array([len(labels)]))[0])  # every rank's
         self.share = len(labels) / self.rows
         # binary's two softmax logits, both penalised, have their optimum at w1 = -w0: fitted as one logit u
         # (the logits -u, u; the penalty l2 |w0|^2 + l2 |w1|^2 = 2 l2 |u|^2), half the unknowns, the same model
-        self.symmetric = model.problem_type == "binary" and model.width == 2
-        self.width = 1 if self.symmetric else model.width  # the fitted weights' columns
+        width = linear.intercept.numel() if classes else model.width
+        self.symmetric = self.problem_type == "binary" and width == 2
+        self.width = 1 if self.symmetric else width  # the fitted weights' columns
         self.penalty_scale = 2.0 if self.symmetric else 1.0
-        self.ordinal = model.ordinal is not None
-        self.link = model.ordinal
-        self.n_intercept = 1 if self.symmetric else model.linear.intercept.numel()
+        self.ordinal = model.ordinal is not None and not classes
+        self.link = model.ordinal if self.ordinal else None
+        self.n_intercept = 1 if self.symmetric else linear.intercept.numel()
 
     def initial_intercept(self) -> np.ndarray:
         if self.link is None:

@@ -53,6 +53,15 @@ class OrdinalLink(nn.Module):
         return score - self.thresholds().to(score.dtype)
 
 
+def cumulative_logits(class_logits: torch.Tensor) -> torch.Tensor:
+    """Class logits [B, K] (a softmax over the ordered classes) -> the cumulative logits [B, K-1] that
+    `OrdinalLink` emits: log P(y > k) - log P(y <= k), in log space (no probability rounds to 0 or 1)."""
+    z = class_logits.float()
+    below = torch.logcumsumexp(z, dim=1)[:, :-1]  # log P(y <= k) + log-normaliser
+    above = torch.logcumsumexp(z.flip(1), dim=1).flip(1)[:, 1:]  # log P(y > k) + the same
+    return above - below
+
+
 @dataclass
 class Outputs:
     """What a batch of rows becomes: the class (index) or value predicted, class probabilities

@@ -71,6 +71,7 @@ class FusionModel(nn.Module):
         member_text_scale: Sequence[float] = (1.0,),
         member_category_scale: Sequence[float] = (1.0,),
         linear_member: bool = False,
+        linear_multinomial: bool = False,
         linear_only_codes: int = 0,
         deep_only_numbers: int = 0,
         text_model: dict[str, Any] | None = None,
@@ -110,21 +111,26 @@ class FusionModel(nn.Module):
         # one more member of the mix, after the deep members
         tabular = "tabular" in self.modalities
         self.linear: LinearMember | None = None
+        # an ordinal label's second linear member: the same inputs as a multinomial GLM (a logit per class),
+        # its softmax read as cumulative logits; it holds where the proportional odds of one score do not
+        self.linear_classes: LinearMember | None = None
         if linear_member and ("text" in self.modalities or tabular):
-            self.linear = LinearMember(
-                text_vocab_size if "text" in self.modalities else 0, list(cat_cardinalities) if tabular else [],
-                # the last `deep_only_numbers` numbers (codes' target encodings) are the deep half's alone: the
-                # linear member reads those codes one-hot, the GLM's own shrunk effect per value
-                list(numeric_bins or [])[: len(numeric_bins or []) - deep_only_numbers]
-                if tabular and fusion == "tabm" else [], width,
-                num_classes if problem_type == "ordinal" else 0)
-        self.mixed = members + (self.linear is not None)  # members the validation mix weighs
+            inputs = (text_vocab_size if "text" in self.modalities else 0, list(cat_cardinalities) if tabular else [],
+                      # the last `deep_only_numbers` numbers (codes' target encodings) are the deep half's alone:
+                      # the linear member reads those codes one-hot, the GLM's own shrunk effect per value
+                      list(numeric_bins or [])[: len(numeric_bins or []) - deep_only_numbers]
+                      if tabular and fusion == "tabm" else [])
+            self.linear = LinearMember(*inputs, width, num_classes if problem_type == "ordinal" else 0)
+            if linear_multinomial and problem_type == "ordinal":
+                self.linear_classes = LinearMember(*inputs, num_classes)
+        self.linear_heads = (self.linear is not None) + (self.linear_classes is not None)
+        self.mixed = members + self.linear_heads  # members the validation mix weighs
         # the members' mix, fitted on validation (uniform until then); head h belongs to member h % members,
-        # the linear member's head (last) to the last member
+        # the linear members' heads (last) to the last members
         self.register_buffer("member_weights", torch.full((self.mixed,), 1.0 / self.mixed))
         head_member = torch.tensor([h % members for h in range(k)])  # (arange % on meta costs a dynamo import)
         if self.linear is not None:
-            head_member = torch.cat([head_member, torch.tensor([members])])
+            head_member = torch.cat([head_member, members + torch.arange(self.linear_heads)])
         self.register_buffer("head_member", head_member, persistent=False)
         # a member's learning-rate multiplier as a constant scale of its wide logits: under Adam a weight
         # moves ~lr per step whatever its gradient's size, so the scaled logit moves `scale` times as fast
@@ -253,9 +259,25 @@ class FusionModel(nn.Module):
         if self.linear is None:
             return logits
         if not linear:
-            return torch.cat([logits, logits.new_zeros(logits.shape[0], 1, logits.shape[2])], dim=1)
-        out = self.linear(getattr(self, "text", None), batch, mask)
-        return torch.cat([logits, out.to(logits.dtype).unsqueeze(1).expand(logits.shape[0], 1, -1)], dim=1)
+            return torch.cat([logits, logits.new_zeros(logits.shape[0], self.linear_heads, logits.shape[2])], dim=1)
+        outs = [self.linear(getattr(self, "text", None), batch, mask).to(logits.dtype).expand(logits.shape[0], -1)]
+        if self.linear_classes is not None:
+            outs.append(heads.cumulative_logits(self.linear_classes(getattr(self, "text", None), batch, mask))
+                        .to(logits.dtype))
+        return torch.cat([logits, torch.stack(outs, dim=1)], dim=1)
+
+    def linear_members(self) -> dict[str, LinearMember]:
+        """The linear members by attribute name: fitted before training, never by an optimizer step."""
+        return {n: m for n in ("linear", "linear_classes") if (m := getattr(self, n)) is not None}
+
+    def linear_fit_state(self) -> dict[str, torch.Tensor]:
+        """A copy of every linear member's fitted buffers, by name in this model."""
+        return {f"{n}.{k}": v for n, m in self.linear_members().items() for k, v in m.fit_state().items()}
+
+    def load_linear_fit_state(self, state: dict[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            for name, value in state.items():
+                self.get_buffer(name).copy_(value)
 
     def member_view(self, wide: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         """A wide logit [batch, members * width] as [batch, members, width], times each member's scale."""
@@ -343,7 +365,7 @@ class FusionModel(nn.Module):
                      "target_transform": self.target_transform}
         aux_labels = labels  # the auxiliary heads see each row once
         if raw.dim() == 3 and self.linear is not None:
-            raw = raw[:, :-1]  # the linear member is fitted before training (fusion_model/wide_fit.py)
+            raw = raw[:, :-self.linear_heads]  # the linear members are fitted before training (fusion_model/wide_fit.py)
         if raw.dim() == 3:
             raw, labels = raw.reshape(-1, raw.shape[2]), labels.repeat_interleave(raw.shape[1])
         main = heads.loss(raw, labels, self.problem_type, class_weight=class_weight, **scale)

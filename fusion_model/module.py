@@ -102,14 +102,14 @@ class FusionModule(pl.LightningModule):
 
     def keep_linear_fit(self, validated: dict[str, torch.Tensor], kept: dict[str, torch.Tensor]) -> None:
         """Refit "linear": validation weighs the linear member fitted on the training rows (`validated`, a
-        `LinearMember.fit_state`); between validations, so in every checkpoint, it holds `kept` (fitted on
+        `FusionModel.linear_fit_state`); between validations, so in every checkpoint, it holds `kept` (fitted on
         train + val), beside the deep members of that epoch."""
         self._linear_fits = {"validated": validated, "kept": kept}
         self._load_linear_fit("kept")
 
     def _load_linear_fit(self, which: str) -> None:
         if self._linear_fits is not None:
-            self.model.linear.load_fit_state(self._linear_fits[which])
+            self.model.load_linear_fit_state(self._linear_fits[which])
 
     def on_validation_epoch_start(self) -> None:
         self._val_raw, self._val_labels = [], []

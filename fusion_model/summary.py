@@ -36,6 +36,16 @@ def portfolio(history: list[dict[str, float]], epoch: int | None, metric: str, m
             "members": entries}
 
 
+def linear_entries(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The linear members' portfolio entries, in the mix's order: the fit report without the penalties tried
+    (an ordinal label's multinomial member second, from its part of the report)."""
+    classes = report.get("classes")
+    entries = [{"linear": {k: v for k, v in report.items() if k not in ("tried", "classes")}}]
+    if classes is not None:
+        entries.append({"linear_classes": {k: v for k, v in classes.items() if k != "tried"}})
+    return entries
+
+
 def gathered_fp32_state(trainer: Any, module: Any) -> dict[str, torch.Tensor] | None:
     """Full fp32 FusionModel weights on global rank 0 (None elsewhere). Collective: call on every rank.
 
@@ -185,8 +195,7 @@ class FinishRun(pl.Callback):
             "best_epoch": best_epoch,
             # the members of the kept epoch: settings, validation score alone, weight in the mix
             "portfolio": portfolio(history, best_epoch, self.metric, [m.model_dump() for m in cfg.members] + (
-                [{"linear": {k: v for k, v in linear.items() if k != "tried"}}]
-                if (linear := getattr(pl_module, "linear_report", None)) else [])),
+                linear_entries(linear) if (linear := getattr(pl_module, "linear_report", None)) else [])),
             "linear_member": getattr(pl_module, "linear_report", None),
             # the kept epoch's mix and decision rule (the model's buffers), which a refit carries over
             "decision": decisions.get(best_epoch) if best_epoch is not None else None,

@@ -33,7 +33,7 @@ from fusion_model.gram_ratios import gram_scales, label_classes
 from fusion_model.model import FusionModel
 from fusion_model.preprocess import Preprocessor
 from fusion_model.rank_sums import RankSums, rank_sums
-from fusion_model.wide import LINEAR_BLOCKS, bag_entries
+from fusion_model.wide import LINEAR_BLOCKS, LinearMember, bag_entries
 
 # penalties tried on the validation rows (L2 per training row: logistic regression's 1 / (2 C)), per block
 L2_GRIDS = {
@@ -49,6 +49,9 @@ L2_GRIDS = {
 # penalty won turned on the float order of the machine (BENCHMARKS.md)
 FTOL = 1e-6
 MAX_ITER = 300
+# the blocks whose penalty the multinomial member walks for itself; the numbers' it takes from the cumulative
+# link, whose choice it matched on every real split measured: the slowest part of its walk (BENCHMARKS.md)
+CLASSES_WALK = ("text", "chars", "categorical", "pairs")
 
 
 def design(model: FusionModel, batch: dict[str, torch.Tensor], pair_codes: int = 0) -> Design:
@@ -158,8 +161,9 @@ def _walk(grid: tuple[float, ...], start: int, score: Callable[[float], float]) 
 
 
 def _choose_block(train: Design, val: Design, problem: GlmProblem, val_problem: GlmProblem, chosen: dict[str, float],
-                  block: str, start: Glm | None) -> tuple[Glm, float, dict[float, float]]:
-    """`block`'s penalty of lowest validation loss, fitted beside the blocks of `chosen` at theirs."""
+                  block: str, start: Glm | None, first: float | None) -> tuple[Glm, float, dict[float, float]]:
+    """`block`'s penalty of lowest validation loss, fitted beside the blocks of `chosen` at theirs; the walk
+    starts at `first` (where on the grid), else mid-grid."""
     fits: dict[float, Glm] = {}
     last = [start]  # each fit starts from the one before
 
@@ -168,15 +172,17 @@ def _choose_block(train: Design, val: Design, problem: GlmProblem, val_problem: 
         return val_problem.loss(fits[value], val)
 
     grid = L2_GRIDS[block]
-    best, scores = _walk(grid, len(grid) // 2, score)
+    best, scores = _walk(grid, grid.index(first) if first in grid else len(grid) // 2, score)
     return fits[best], best, scores
 
 
 def choose_penalties(train: Design, train_problem: GlmProblem, val: Design, val_problem: GlmProblem,
-                     given: dict[str, float | None]) -> tuple[Glm, dict[str, float], dict[str, dict[float, float]]]:
+                     given: dict[str, float | None], first: dict[str, float] | None = None
+                     ) -> tuple[Glm, dict[str, float], dict[str, dict[float, float]]]:
     """Each block's penalty with the lowest validation loss, block by block in LINEAR_BLOCKS order, each
-    fitted beside the blocks before it at their chosen penalties; a penalty given is kept. Returns the fit
-    of the chosen penalties, them, and the validation loss of every penalty tried."""
+    fitted beside the blocks before it at their chosen penalties, its walk started at `first`'s (another
+    member's choice) where given; a penalty given is kept. Returns the fit of the chosen penalties, them,
+    and the validation loss of every penalty tried."""
     chosen: dict[str, float] = {}
     tried: dict[str, dict[float, float]] = {}
     glm: Glm | None = None
@@ -188,7 +194,7 @@ def choose_penalties(train: Design, train_problem: GlmProblem, val: Design, val_
             glm = _fit(part_train, train_problem, chosen, glm)
             continue
         glm, chosen[block], tried[block] = _choose_block(part_train, part_val, train_problem, val_problem, chosen,
-                                                          block, glm)
+                                                          block, glm, (first or {}).get(block))
     assert glm is not None
     return glm, chosen, tried
 
@@ -255,57 +261,78 @@ def _scaled_glm(glm: Glm, scales: dict[str, np.ndarray], power: int) -> Glm:
 def fit_linear(model: FusionModel, batch: dict[str, torch.Tensor], labels: torch.Tensor, *,
                l2: dict[str, float | None], loss_kwargs: dict | None = None,
                val_batch: dict[str, torch.Tensor] | None = None, val_labels: torch.Tensor | None = None,
-               start: Glm | None = None, sums: RankSums | None = None, pair_codes: int = 0,
-               gram_ratios: bool = True) -> tuple[dict, Glm]:
-    """Fit the model's linear member on `batch` (a block's penalty left None is chosen on `val_batch`; with
-    every penalty given, from `start`) and write it into its buffers; returns the penalties used, the
-    losses and the penalties tried, and the fit. With `sums` across ranks, the batches are this rank's
-    share of the rows and every rank gets the fit of all of them. `gram_ratios`: the n-grams weighed by
-    their naive Bayes log-count ratios in the fit (fusion_model/gram_ratios.py)."""
-    linear = model.linear
-    if linear is None:
-        return {}, Glm({}, np.zeros(0), 0.0)
-    kwargs = loss_kwargs or {}
+               start: dict[str, Glm] | None = None, sums: RankSums | None = None, pair_codes: int = 0,
+               gram_ratios: bool = True, classes_l2: dict[str, float | None] | None = None
+               ) -> tuple[dict, dict[str, Glm]]:
+    """Fit the model's linear members on `batch` (a block's penalty left None is chosen on `val_batch`; with
+    every penalty given, from `start`'s fit of the member) and write them into their buffers; returns the
+    penalties used, the losses and the penalties tried (an ordinal label's multinomial member's under
+    "classes", its own penalties `classes_l2`, its walk started at the cumulative link's choice), and the
+    fits by member. With `sums` across ranks, the batches are this rank's share of the rows and every rank
+    gets the fit of all of them. `gram_ratios`: the n-grams weighed by their naive Bayes log-count ratios in
+    the fit (fusion_model/gram_ratios.py)."""
+    members = model.linear_members()
+    if not members:
+        return {}, {}
+    kwargs, sums = loss_kwargs or {}, sums or RankSums()
     train = design(model, batch, pair_codes)
-    problem = GlmProblem(model, labels, kwargs, sums)
     val = design(model, val_batch, pair_codes) if val_batch is not None else None
     # fitted on the scaled grams, the weights then scaled back: the same logits, a penalty per gram
-    scales = _gram_scales(model, train, labels.numpy(), problem.sums) if gram_ratios else {}
+    scales = _gram_scales(model, train, labels.numpy(), sums) if gram_ratios else {}
     report_val = val
     train, val = _scaled(train, scales), _scaled(val, scales) if val is not None else None
-    if start is not None:
-        start = _scaled_glm(start, scales, -1)
-    val_problem = GlmProblem(model, val_labels, kwargs, sums) if val_labels is not None else None
-    unset = [b for b in train if l2.get(b) is None]
-    tried: dict[str, dict[float, float]] = {}
-    if unset:
-        if val is None or val_problem is None:
-            raise ValueError(f"the linear member's penalties {unset} are unset: choosing them needs validation rows")
-        glm, chosen, tried = choose_penalties(train, problem, val, val_problem, l2)
-    else:
-        chosen = {b: float(l2[b]) for b in train}  # type: ignore[arg-type]
-        glm = _fit(train, problem, chosen, start)
-    glm = _scaled_glm(glm, scales, 1)
-    with torch.no_grad():  # the word and character grams' blocks share one table: zeroed, then each added
+    report: dict = {}
+    fits: dict[str, Glm] = {}
+    for member, given in (("linear", l2), ("linear_classes", classes_l2 or {})):
+        if member not in members:
+            continue
+        problem = GlmProblem(model, labels, kwargs, sums, member)
+        val_problem = GlmProblem(model, val_labels, kwargs, sums, member) if val_labels is not None else None
+        given = {b: given.get(b) for b in train}
+        if member == "linear_classes":
+            given = {b: report["l2"][b] if v is None and b not in CLASSES_WALK else v for b, v in given.items()}
+        unset = [b for b in train if given[b] is None]
+        tried: dict[str, dict[float, float]] = {}
+        if unset:
+            if val is None or val_problem is None:
+                raise ValueError(f"the {member} member's penalties {unset} are unset: choosing them needs validation "
+                                 "rows")
+            glm, chosen, tried = choose_penalties(train, problem, val, val_problem, given, report.get("l2"))
+        else:
+            chosen = {b: float(given[b]) for b in train}  # type: ignore[arg-type]
+            member_start = (start or {}).get(member)
+            glm = _fit(train, problem, chosen, _scaled_glm(member_start, scales, -1) if member_start else None)
+        fits[member] = glm = _scaled_glm(glm, scales, 1)
+        _store(members[member], problem, glm)
+        part: dict = {"l2": chosen, "train_loss": round(glm.loss, 5)}
+        if report_val is not None and val_problem is not None:
+            part["val_loss"] = round(val_problem.loss(glm, report_val), 5)
+        if tried:
+            part["tried"] = {b: {str(v): float(f"{s:.6g}") for v, s in d.items()} for b, d in tried.items()}
+        if member == "linear":
+            report.update(part)
+        else:
+            report["classes"] = part
+    return report, fits
+
+
+def _store(linear: LinearMember, problem: GlmProblem, glm: Glm) -> None:
+    """`glm` written into the member's buffers (the word and character grams' blocks share one table:
+    zeroed, then each added)."""
+    with torch.no_grad():
         for name in glm.weights:
             linear.weight(name).zero_()
         for name, w in glm.weights.items():
             linear.weight(name).add_(torch.from_numpy(problem.model_weights(w)).to(linear.weight(name).dtype))
         linear.intercept.copy_(torch.from_numpy(problem.thresholds(glm.intercept)))
-    report: dict = {"l2": chosen, "train_loss": round(glm.loss, 5)}
-    if report_val is not None and val_problem is not None:
-        report["val_loss"] = round(val_problem.loss(glm, report_val), 5)
-    if tried:
-        report["tried"] = {b: {str(v): float(f"{s:.6g}") for v, s in d.items()} for b, d in tried.items()}
-    return report, glm
 
 
 def fit_linear_member(model: Any, pre: Preprocessor, data: ValidatedData, labels: np.ndarray, cfg: TrainConfig,
-                      start: tuple[Preprocessor, Glm] | None = None) -> tuple[dict[str, Any], Glm]:
-    """The linear member fitted on `data.train`, each penalty not set in `cfg` chosen on `data.val`; with
-    every penalty set, started from `start` (a fit and the preprocessor of its inputs: the selection's, for
-    the refit). Returns the report and the fit. Under torchrun each rank builds and fits its share of the
-    rows (fusion_model/rank_sums.py): a table with fewer rows than ranks is fitted whole on every rank."""
+                      start: tuple[Preprocessor, dict[str, Glm]] | None = None) -> tuple[dict[str, Any], dict[str, Glm]]:
+    """The linear members fitted on `data.train`, each penalty not set in `cfg` chosen on `data.val`; with
+    every penalty set, started from `start` (the fits and the preprocessor of their inputs: the selection's,
+    for the refit). Returns the report and the fits. Under torchrun each rank builds and fits its share of
+    the rows (fusion_model/rank_sums.py): a table with fewer rows than ranks is fitted whole on every rank."""
     sums = rank_sums()
     if min(len(data.train), len(data.val)) < sums.size:
         sums = RankSums()
@@ -322,31 +349,34 @@ def fit_linear_member(model: Any, pre: Preprocessor, data: ValidatedData, labels
     if model.problem_type == "regression":
         scale = {"target_mean": float(model.target_mean), "target_std": float(model.target_std),
                  "target_transform": model.target_transform}
-    l2 = cfg.linear_l2.model_dump()
+    l2, classes_l2 = cfg.linear_l2.model_dump(), cfg.linear_classes_l2.model_dump()
     if not pre.pair_trees:
-        del l2["pairs"]  # no such block: nothing to choose
-    choose = any(v is None for v in l2.values())
+        del l2["pairs"], classes_l2["pairs"]  # no such block: nothing to choose
+    choose = any(v is None for v in l2.values()) or (
+        model.linear_classes is not None and any(v is None for v in classes_l2.values()))
     started = time.perf_counter()
-    report, glm = fit_linear(model, batch(own(data.train), True), torch.as_tensor(labels[sums.share(len(labels))]),
-                             l2=l2, loss_kwargs=scale, val_batch=batch(own(data.val), False) if choose else None,
-                             val_labels=torch.as_tensor(data.labels(own(data.val))) if choose else None,
-                             start=carried_over(start[1], start[0], pre, model) if start and not choose else None,
-                             sums=sums, pair_codes=pre.pair_columns, gram_ratios=cfg.gram_ratios)
+    report, fits = fit_linear(model, batch(own(data.train), True), torch.as_tensor(labels[sums.share(len(labels))]),
+                              l2=l2, loss_kwargs=scale, val_batch=batch(own(data.val), False) if choose else None,
+                              val_labels=torch.as_tensor(data.labels(own(data.val))) if choose else None,
+                              start={m: carried_over(g, start[0], pre, model) for m, g in start[1].items()}
+                              if start and not choose else None,
+                              sums=sums, pair_codes=pre.pair_columns, gram_ratios=cfg.gram_ratios, classes_l2=classes_l2)
     report["fit_wall_s"] = round(time.perf_counter() - started, 2)
     report["rows"] = len(data.train)
     if int(os.environ.get("RANK", "0")) == 0:
-        print(f"[train] linear member: L2 {report['l2']}{' (chosen on validation)' if choose else ''}, "
+        classes = f", multinomial L2 {report['classes']['l2']}" if "classes" in report else ""
+        print(f"[train] linear member: L2 {report['l2']}{classes}{' (chosen on validation)' if choose else ''}, "
               f"{len(data.train)} rows, fitted in {report['fit_wall_s']} s", flush=True)
-    return report, glm
+    return report, fits
 
 
 def refit_linear_member(module: Any, pre: Preprocessor, data: ValidatedData, cfg: TrainConfig) -> None:
-    """Refit "linear": the selection's linear member fitted again on train + val with the penalties validation
-    chose, on the selection's inputs (`pre`: the kept deep members read them). Validation keeps weighing the
-    training rows' fit; every checkpoint holds this one (`FusionModule.keep_linear_fit`)."""
-    validated = module.model.linear.fit_state()
+    """Refit "linear": the selection's linear members fitted again on train + val with the penalties
+    validation chose, on the selection's inputs (`pre`: the kept deep members read them). Validation keeps
+    weighing the training rows' fits; every checkpoint holds these (`FusionModule.keep_linear_fit`)."""
+    validated = module.model.linear_fit_state()
     every = data.every_labelled()
     module.linear_report["refit"] = fit_linear_member(module.model, pre, every, every.labels(every.train),
-                                                      cfg.with_linear_l2(module.linear_report["l2"]),
+                                                      cfg.with_linear_l2(module.linear_report),
                                                       (pre, module.linear_glm))[0]
-    module.keep_linear_fit(validated, module.model.linear.fit_state())
+    module.keep_linear_fit(validated, module.model.linear_fit_state())

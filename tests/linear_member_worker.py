@@ -3,7 +3,7 @@
     python -m fusion_model.launch --nproc_per_node 2 tests/linear_member_worker.py --data DIR --out DIR
 
 Each rank builds the module of `tests/test_linear_member.py`'s configuration on the validated table DIR
-(every rank fitting its share of the rows, fusion_model/rank_sums.py) and writes the member's weights and
+(every rank fitting its share of the rows, fusion_model/rank_sums.py) and writes the members' weights and
 report to OUT/rank-<RANK>.safetensors and .json.
 """
 
@@ -42,9 +42,11 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     _, _, module = build_module(config(args.data), ValidatedData.read(args.data))
-    linear = module.model.linear
-    tensors = {f"weight.{b}": linear.weight(b).detach().clone().contiguous() for b in module.linear_glm.weights}
-    tensors["intercept"] = linear.intercept.detach().clone()
+    tensors = {}
+    for member, linear in module.model.linear_members().items():  # an ordinal label's multinomial one too
+        tensors.update({f"{member}.weight.{b}": linear.weight(b).detach().clone().contiguous()
+                        for b in module.linear_glm[member].weights})
+        tensors[f"{member}.intercept"] = linear.intercept.detach().clone()
     rank = os.environ["RANK"]
     args.out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(args.out / f"rank-{rank}.safetensors"))

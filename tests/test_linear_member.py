@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file
 from sklearn.linear_model import LogisticRegression
 
+from fusion_model import heads
 from fusion_model.build import build_module
 from fusion_model.data import FusionDataset, ValidatedData
 from fusion_model.glm_problem import GlmProblem
@@ -121,12 +122,35 @@ def test_ordinal_labels_get_increasing_thresholds_and_the_member_joins_the_mix(t
     batch = _batch(data, pre, data.val)
     with torch.no_grad():
         raw = model.head_outputs(batch)
-    assert raw.shape == (len(data.val), model.k + 1, 4)  # the deep heads, then the linear member
-    assert model.mixed == model.members + 1 and model.member_weights.shape == (model.mixed,)
-    # words and codes carry part of the label (Age, a number, the rest): the linear member alone follows it
-    expected = torch.sigmoid(raw[:, -1]).sum(1).numpy()
+    # the deep heads, then the linear members: the cumulative link's and the multinomial one's
+    assert raw.shape == (len(data.val), model.k + 2, 4)
+    assert model.mixed == model.members + 2 and model.member_weights.shape == (model.mixed,)
     labels = batch["label"].numpy()
-    assert np.corrcoef(expected, labels)[0, 1] > 0.5
+    for head in (-2, -1):  # words and codes carry part of the label (Age, a number, the rest): each follows it
+        above = torch.sigmoid(raw[:, head])
+        assert bool((above[:, 1:] <= above[:, :-1] + 1e-6).all())  # P(y > k) falls with k
+        assert np.corrcoef(above.sum(1).numpy(), labels)[0, 1] > 0.5
+    assert model.linear_classes.intercept.shape == (5,)  # a logit per class
+    report = module.linear_report
+    # the multinomial member's walk starts where the cumulative link's ended
+    assert all(str(report["l2"][b]) in tried for b, tried in report["classes"]["tried"].items())
+    assert set(report["classes"]["l2"]) == set(report["l2"])
+    # refit "linear": both members fitted again on every labelled row, each at the penalties it chose
+    _, _, refitted = build_module(_config(validated, refit="linear"), data)
+    again = refitted.linear_report["refit"]
+    assert again["rows"] == len(data.train) + len(data.val) and "tried" not in again["classes"]
+    assert again["l2"] == report["l2"] and again["classes"]["l2"] == report["classes"]["l2"]
+    _, _, plain = build_module(_config(validated, linear_multinomial=False), data)
+    assert plain.model.linear_classes is None and plain.model.mixed == plain.model.members + 1
+    assert "classes" not in plain.linear_report
+
+
+def test_cumulative_logits_of_class_logits_are_the_logits_of_the_summed_probabilities() -> None:
+    z = torch.tensor([[0.3, -1.2, 2.0, 0.1], [5.0, -4.0, 0.0, -30.0]])
+    p = z.softmax(1)
+    above = torch.stack([p[:, k + 1:].sum(1) for k in range(3)], dim=1)
+    np.testing.assert_allclose(heads.cumulative_logits(z).numpy(), torch.logit(above.double()).numpy(), rtol=1e-5,
+                               atol=1e-5)
 
 
 def test_masking_a_modality_masks_its_part_of_the_linear_member(validated: Path) -> None:
@@ -196,7 +220,7 @@ def test_the_refit_starts_from_the_selections_fit_and_reaches_the_same_optimum(v
     data = ValidatedData.read(validated)
     cfg = _config(validated, linear_l2={"text": 0.5, "chars": 1.5, "categorical": 0.5, "numerical": 1.5})
     pre, _, selection = build_module(cfg, data)
-    glm = selection.linear_glm
+    glm = selection.linear_glm["linear"]
     # the same inputs: carried over unchanged
     same = wide_fit.carried_over(glm, pre, pre, selection.model)
     assert all(np.array_equal(same.weights[b], glm.weights[b]) for b in glm.weights)
@@ -214,7 +238,7 @@ def test_the_refit_starts_from_the_selections_fit_and_reaches_the_same_optimum(v
     every = dataclasses.replace(data, train=pd.concat([data.train, data.val], ignore_index=True))
     modalities = selection.model.modalities
     pre_every, _, cold = build_module(cfg, every, modalities)
-    _, _, warm = build_module(cfg, every, modalities, linear_start=(pre, glm))
+    _, _, warm = build_module(cfg, every, modalities, linear_start=(pre, selection.linear_glm))
     (cold_iterations, cold_objective), (warm_iterations, warm_objective) = fits
     assert warm_iterations <= cold_iterations and warm_objective < cold_objective  # further in no more steps
     start = wide_fit.carried_over(glm, pre, pre_every, warm.model)
@@ -361,11 +385,22 @@ def test_ranks_fitting_their_shares_of_the_rows_get_the_fit_of_all_of_them(tmp_p
     assert abs(reports[0]["train_loss"] - alone["train_loss"]) < 5e-4
     # the same member, to the fits' tolerance: its logits on the validation rows (weights a large penalty
     # leaves near zero are where that tolerance shows most; the logits are what the member is)
-    linear = module.model.linear
     x = design(module.model, _batch(data, pre, data.val))
-    ours = sum(m @ ranks[0][f"weight.{b}"].double().numpy() for b, m in x.items())
-    theirs = sum(m @ linear.weight(b).double().numpy() for b, m in x.items())
-    scale = np.abs(theirs).max()
-    assert scale > 0.1 and np.abs(ours - theirs).max() < 5e-3 * scale
-    thresholds = linear.intercept.numpy()
-    assert np.abs(ranks[0]["intercept"].numpy() - thresholds).max() < 5e-3 * max(1.0, np.abs(thresholds).max())
+    members = module.model.linear_members()
+    assert list(members) == (["linear", "linear_classes"] if problem_type == "ordinal" else ["linear"])
+    if problem_type == "ordinal":
+        assert reports[0]["classes"]["l2"] == alone["classes"]["l2"]
+    for name, linear in members.items():
+        ours = sum(m @ ranks[0][f"{name}.weight.{b}"].double().numpy() for b, m in x.items())
+        theirs = sum(m @ linear.weight(b).double().numpy() for b, m in x.items())
+        if name == "linear_classes":
+            # a softmax over five classes of 96 rows is flatter still: where the two fits stop moves its logits
+            # by ~1%, its class probabilities (what it is; its logits count up to a constant per row) by < 0.005
+            ours, theirs = (torch.softmax(torch.tensor(z + b.double().numpy()), 1).numpy()
+                            for z, b in ((ours, ranks[0][f"{name}.intercept"]), (theirs, linear.intercept)))
+            assert np.abs(ours - theirs).max() < 0.01 and theirs.max() > 0.5
+            continue
+        scale = np.abs(theirs).max()
+        assert scale > 0.1 and np.abs(ours - theirs).max() < 5e-3 * scale
+        intercept = linear.intercept.numpy()
+        assert np.abs(ranks[0][f"{name}.intercept"].numpy() - intercept).max() < 5e-3 * max(1.0, np.abs(intercept).max())

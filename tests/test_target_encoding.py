@@ -113,8 +113,8 @@ def test_the_encodings_are_numbers_of_the_deep_half_alone(validated: Path) -> No
     _, off_kwargs, off = build_module(_config(validated, frequency_targets=False), data)
     assert off_kwargs["deep_only_numbers"] == 0 and off_kwargs["n_numeric"] == kwargs["n_numeric"] - n
     # the linear member's fit does not depend on them: the same penalties and weights either way
-    for block, weight in off.linear_glm.weights.items():
-        np.testing.assert_allclose(module.linear_glm.weights[block], weight, rtol=1e-4, atol=1e-6)
+    for block, weight in off.linear_glm["linear"].weights.items():
+        np.testing.assert_allclose(module.linear_glm["linear"].weights[block], weight, rtol=1e-4, atol=1e-6)
 
 
 def test_an_empty_key_reads_the_labels_mean_in_training_as_for_a_new_row(validated: Path) -> None:
