@@ -121,7 +121,7 @@ class FusionModel(nn.Module):
                       list(numeric_bins or [])[: len(numeric_bins or []) - deep_only_numbers]
                       if tabular and fusion == "tabm" else [])
             self.linear = LinearMember(*inputs, width, num_classes if problem_type == "ordinal" else 0)
-            if linear_multinomial and problem_type == "ordinal":
+            if linear_multinomial and problem_type == "ordinal" and num_classes > 2:  # two: the same logistic model
                 self.linear_classes = LinearMember(*inputs, num_classes)
         self.linear_heads = (self.linear is not None) + (self.linear_classes is not None)
         self.mixed = members + self.linear_heads  # members the validation mix weighs

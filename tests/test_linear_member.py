@@ -145,6 +145,17 @@ def test_ordinal_labels_get_increasing_thresholds_and_the_member_joins_the_mix(t
     assert "classes" not in plain.linear_report
 
 
+def test_two_ordered_classes_get_no_multinomial_member() -> None:
+    """With two classes the cumulative link and the multinomial GLM are one logistic model: fitted once."""
+    from fusion_model.model import FusionModel
+
+    shape = {"image_model": "test_resnet", "cat_cardinalities": [3, 4], "n_numeric": 0,
+             "problem_type": "ordinal", "linear_member": True, "linear_multinomial": True, "modalities": ["tabular"]}
+    assert FusionModel(num_classes=2, **shape).linear_classes is None
+    three = FusionModel(num_classes=3, **shape)
+    assert three.linear_classes is not None and three.mixed == three.members + 2
+
+
 def test_cumulative_logits_of_class_logits_are_the_logits_of_the_summed_probabilities() -> None:
     z = torch.tensor([[0.3, -1.2, 2.0, 0.1], [5.0, -4.0, 0.0, -30.0]])
     p = z.softmax(1)
