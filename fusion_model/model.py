@@ -214,8 +214,8 @@ class FusionModel(nn.Module):
         """Every head's raw output [batch, heads, width] (fusion_model/heads.py: class logits, ordinal
         cumulative logits, or the standardised regression value); modalities named in ``mask`` contribute
         zeros, and so does the image of a row whose ``image_mask`` is 0 (a row without photos). Without
-        ``linear`` the linear member's head is zeros: a training step's loss leaves it out (it is fitted
-        before training), so computing it there is wasted."""
+        ``linear`` the linear members' heads (the last `linear_heads`) are zeros: a training step's loss leaves
+        them out (they are fitted before training), so computing them there is wasted."""
         mask = set(mask)
         unknown = mask - set(MODALITIES)
         if unknown:

@@ -39,10 +39,14 @@ def portfolio(history: list[dict[str, float]], epoch: int | None, metric: str, m
 def linear_entries(report: dict[str, Any]) -> list[dict[str, Any]]:
     """The linear members' portfolio entries, in the mix's order: the fit report without the penalties tried
     (an ordinal label's multinomial member second, from its part of the report)."""
-    classes = report.get("classes")
-    entries = [{"linear": {k: v for k, v in report.items() if k not in ("tried", "classes")}}]
-    if classes is not None:
-        entries.append({"linear_classes": {k: v for k, v in classes.items() if k != "tried"}})
+    def own(part: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in part.items() if k not in ("tried", "classes", "refit")}
+
+    refit = report.get("refit")
+    entries = [{"linear": {**own(report), **({"refit": own(refit)} if refit else {})}}]
+    if (classes := report.get("classes")) is not None:
+        again = (refit or {}).get("classes")
+        entries.append({"linear_classes": {**own(classes), **({"refit": own(again)} if again else {})}})
     return entries
 
 

@@ -352,8 +352,9 @@ def fit_linear_member(model: Any, pre: Preprocessor, data: ValidatedData, labels
     l2, classes_l2 = cfg.linear_l2.model_dump(), cfg.linear_classes_l2.model_dump()
     if not pre.pair_trees:
         del l2["pairs"], classes_l2["pairs"]  # no such block: nothing to choose
-    choose = any(v is None for v in l2.values()) or (
-        model.linear_classes is not None and any(v is None for v in classes_l2.values()))
+    # started from a fit (the refit), the penalties are those it chose: a block the table lacks stays null
+    choose = start is None and (any(v is None for v in l2.values()) or (
+        model.linear_classes is not None and any(v is None for v in classes_l2.values())))
     started = time.perf_counter()
     report, fits = fit_linear(model, batch(own(data.train), True), torch.as_tensor(labels[sums.share(len(labels))]),
                               l2=l2, loss_kwargs=scale, val_batch=batch(own(data.val), False) if choose else None,

@@ -145,6 +145,39 @@ def test_ordinal_labels_get_increasing_thresholds_and_the_member_joins_the_mix(t
     assert "classes" not in plain.linear_report
 
 
+def test_the_refit_of_a_table_without_a_block_starts_from_the_selections_fit(validated: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The penalties of blocks the table lacks stay null after the selection: the refit still starts from
+    the selection's fit at the penalties it chose, without validation rows."""
+    from fusion_model import wide_fit
+
+    starts: list[bool] = []
+    fit = wide_fit._fit
+
+    def recorded(x, problem, l2, start=None):  # noqa: ANN001, ANN202
+        starts.append(start is not None)
+        return fit(x, problem, l2, start)
+
+    monkeypatch.setattr(wide_fit, "_fit", recorded)
+    data = ValidatedData.read(validated)
+    _, _, module = build_module(_config(validated, modalities=["tabular"], refit="linear"), data)
+    report = module.linear_report
+    assert "text" not in report["l2"] and report["refit"]["l2"] == report["l2"]
+    assert "val_loss" not in report["refit"] and starts[-1]  # no validation rows read; started from the fit
+
+
+def test_the_portfolio_lists_each_linear_member_with_its_own_refit() -> None:
+    from fusion_model.summary import linear_entries
+
+    report = {"l2": {"text": 1.5}, "val_loss": 0.9, "tried": {"text": {}},
+              "classes": {"l2": {"text": 0.5}, "val_loss": 0.8, "tried": {"text": {}}},
+              "refit": {"l2": {"text": 1.5}, "rows": 10, "classes": {"l2": {"text": 0.5}, "train_loss": 0.4}}}
+    assert linear_entries(report) == [
+        {"linear": {"l2": {"text": 1.5}, "val_loss": 0.9, "refit": {"l2": {"text": 1.5}, "rows": 10}}},
+        {"linear_classes": {"l2": {"text": 0.5}, "val_loss": 0.8, "refit": {"l2": {"text": 0.5}, "train_loss": 0.4}}}]
+    assert linear_entries({"l2": {"text": 1.5}}) == [{"linear": {"l2": {"text": 1.5}}}]
+
+
 def test_two_ordered_classes_get_no_multinomial_member() -> None:
     """With two classes the cumulative link and the multinomial GLM are one logistic model: fitted once."""
     from fusion_model.model import FusionModel
