@@ -275,6 +275,7 @@ class FusionModel(nn.Module):
         return {f"{n}.{k}": v for n, m in self.linear_members().items() for k, v in m.fit_state().items()}
 
     def load_linear_fit_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Put back buffers as `linear_fit_state` names them (any subset)."""
         with torch.no_grad():
             for name, value in state.items():
                 self.get_buffer(name).copy_(value)

@@ -143,13 +143,8 @@ class LinearMember(nn.Module):
     FIT_BUFFERS = ("text_weight", "categorical_weight", "numerical_weight", "intercept")
 
     def fit_state(self) -> dict[str, torch.Tensor]:
-        """A copy of the fitted weights and intercept, to put back with `load_fit_state`."""
+        """A copy of the fitted weights and intercept (`FusionModel.load_linear_fit_state` puts them back)."""
         return {n: b.detach().clone() for n in self.FIT_BUFFERS if (b := getattr(self, n)) is not None}
-
-    def load_fit_state(self, state: dict[str, torch.Tensor]) -> None:
-        with torch.no_grad():
-            for name, value in state.items():
-                self.get_buffer(name).copy_(value)
 
     def inputs(self, text: TextLogit | None, batch: dict[str, torch.Tensor], split_chars: bool = False
                ) -> dict[str, object]:

@@ -171,7 +171,7 @@ def test_refit_linear_keeps_the_best_epochs_deep_members_and_the_linear_member_f
         expected = linear(module.model.text, batch, set())
 
         def logits(checkpoint: dict[str, torch.Tensor]) -> torch.Tensor:
-            linear.load_fit_state({k.removeprefix("model.linear."): checkpoint[k] for k in fitted & set(checkpoint)})
+            module.model.load_linear_fit_state({k.removeprefix("model."): checkpoint[k] for k in fitted & set(checkpoint)})
             return linear(module.model.text, batch, set())
 
         torch.testing.assert_close(logits(state), expected, rtol=5e-3, atol=5e-3)
