@@ -360,7 +360,7 @@ def fit_linear_member(model: Any, pre: Preprocessor, data: ValidatedData, labels
                               l2=l2, loss_kwargs=scale, val_batch=batch(own(data.val), False) if choose else None,
                               val_labels=torch.as_tensor(data.labels(own(data.val))) if choose else None,
                               start={m: carried_over(g, start[0], pre, model) for m, g in start[1].items()}
-                              if start and not choose else None,
+                              if start else None,
                               sums=sums, pair_codes=pre.pair_columns, gram_ratios=cfg.gram_ratios, classes_l2=classes_l2)
     report["fit_wall_s"] = round(time.perf_counter() - started, 2)
     report["rows"] = len(data.train)
