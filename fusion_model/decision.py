@@ -15,7 +15,6 @@ candidate, so the result never scores below the starting rule on the rows it was
 from __future__ import annotations
 
 import numpy as np
-from sklearn.metrics import cohen_kappa_score
 
 _CANDIDATES = 41  # quantiles tried per cut point per pass
 _PASSES = 3
@@ -29,15 +28,15 @@ def apply_cutpoints(score: np.ndarray, cutpoints: np.ndarray) -> np.ndarray:
 def fit_cutpoints(score: np.ndarray, labels: np.ndarray, num_classes: int) -> np.ndarray:
     """K-1 increasing cut points on `score` (the expected class index, or any score that grows with the
     class) maximising quadratic weighted kappa against `labels` (class indices)."""
-    score, labels = np.asarray(score, dtype=np.float64), np.asarray(labels)
+    score, labels = np.asarray(score, dtype=np.float64), np.asarray(labels, dtype=np.int64)
     cuts = np.arange(num_classes - 1, dtype=np.float64) + 0.5
     if len(score) == 0 or num_classes < 2:
         return cuts
-    classes = np.arange(num_classes)
+    weights = np.zeros((num_classes, num_classes)) + np.arange(num_classes)
+    weights = (weights - weights.T) ** 2
 
     def qwk(c: np.ndarray) -> float:
-        value = cohen_kappa_score(labels, apply_cutpoints(score, c), labels=classes, weights="quadratic")
-        return -1.0 if np.isnan(value) else float(value)
+        return quadratic_kappa(labels, apply_cutpoints(score, c), weights)
 
     best = qwk(cuts)
     for _ in range(_PASSES):
@@ -54,6 +53,23 @@ def fit_cutpoints(score: np.ndarray, labels: np.ndarray, num_classes: int) -> np
                 if got > best + 1e-12:
                     best, cuts = got, trial
     return cuts
+
+
+def quadratic_kappa(labels: np.ndarray, predicted: np.ndarray, weights: np.ndarray) -> float:
+    """scikit-learn's `cohen_kappa_score(labels, predicted, weights="quadratic")` over classes 0 .. K-1
+    (`weights`: the K x K squared distances), -1 where it is undefined: the same float operations in the same
+    order, so the same value to the bit, without its checks, which took ~1 ms of each of the search's
+    hundreds of calls per fit (BENCHMARKS.md)."""
+    k = len(weights)
+    confusion = np.bincount(labels * k + predicted, minlength=k * k).reshape(k, k).astype(np.float64)
+    sum0, sum1 = confusion.sum(axis=0), confusion.sum(axis=1)
+    total = sum0.sum()
+    if total == 0:
+        return -1.0
+    denominator = np.sum(weights * (np.outer(sum0, sum1) / total))
+    if denominator == 0:
+        return -1.0
+    return float(1 - np.sum(weights * confusion) / denominator)
 
 
 _BIASES = np.round(np.linspace(-3.0, 3.0, 61), 2)  # candidate log weights per class (probability x 0.05 .. 20)
