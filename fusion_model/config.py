@@ -147,8 +147,8 @@ class TrainConfig(BaseModel):
     gram_ratios: bool = True  # the linear member weighs each n-gram by its naive Bayes log-count ratio (NBSVM)
     linear_l2: LinearPenalties = Field(default_factory=lambda: LinearPenalties())
     # an ordinal label's second linear member: the same inputs as a multinomial GLM, its class probabilities
-    # read as the head's P(y > k); its penalties (null: chosen on validation, walked from the first member's
-    # choice; the numbers' taken as the first member chose it)
+    # read as the head's P(y > k); its penalties (null: the grams' chosen on validation, walked from the first
+    # member's choice; the other blocks' taken as the first member chose them)
     linear_multinomial: bool = True
     linear_classes_l2: LinearPenalties = Field(default_factory=lambda: LinearPenalties())
     # the portfolio: members of one network, mixed by weights fitted on validation (fusion tabm)

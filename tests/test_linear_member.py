@@ -132,8 +132,11 @@ def test_ordinal_labels_get_increasing_thresholds_and_the_member_joins_the_mix(t
         assert np.corrcoef(above.sum(1).numpy(), labels)[0, 1] > 0.5
     assert model.linear_classes.intercept.shape == (5,)  # a logit per class
     report = module.linear_report
-    # the multinomial member's walk starts where the cumulative link's ended
+    # the multinomial member walks the grams' penalties from where the cumulative link's walk ended, and takes
+    # the other blocks' as it chose them
+    assert set(report["classes"]["tried"]) == {"text", "chars"}
     assert all(str(report["l2"][b]) in tried for b, tried in report["classes"]["tried"].items())
+    assert all(report["classes"]["l2"][b] == report["l2"][b] for b in ("categorical", "numerical"))
     assert set(report["classes"]["l2"]) == set(report["l2"])
     # refit "linear": both members fitted again on every labelled row, each at the penalties it chose
     _, _, refitted = build_module(_config(validated, refit="linear"), data)
