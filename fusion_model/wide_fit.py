@@ -50,7 +50,7 @@ L2_GRIDS = {
 FTOL = 1e-6
 MAX_ITER = 300
 # the blocks whose penalty the multinomial member walks for itself: the grams'. The codes', the two-number bins'
-# and the numbers' it takes as the cumulative link chose them: walked too, they cost 30 % of the fit and scored
+# and the numbers' it takes as the cumulative link chose them: walked too, they lengthened the fit and scored
 # no better on any real split measured (BENCHMARKS.md)
 CLASSES_WALK = ("text", "chars")
 
