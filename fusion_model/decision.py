@@ -32,11 +32,9 @@ def fit_cutpoints(score: np.ndarray, labels: np.ndarray, num_classes: int) -> np
     cuts = np.arange(num_classes - 1, dtype=np.float64) + 0.5
     if len(score) == 0 or num_classes < 2:
         return cuts
-    weights = np.zeros((num_classes, num_classes)) + np.arange(num_classes)
-    weights = (weights - weights.T) ** 2
 
     def qwk(c: np.ndarray) -> float:
-        return quadratic_kappa(labels, apply_cutpoints(score, c), weights)
+        return quadratic_kappa(labels, apply_cutpoints(score, c), num_classes)
 
     best = qwk(cuts)
     for _ in range(_PASSES):
@@ -55,12 +53,12 @@ def fit_cutpoints(score: np.ndarray, labels: np.ndarray, num_classes: int) -> np
     return cuts
 
 
-def quadratic_kappa(labels: np.ndarray, predicted: np.ndarray, weights: np.ndarray) -> float:
-    """scikit-learn's `cohen_kappa_score(labels, predicted, weights="quadratic")` over classes 0 .. K-1
-    (`weights`: the K x K squared distances), -1 where it is undefined: the same float operations in the same
-    order, so the same value to the bit, without its checks, which took ~1 ms of each of the search's
-    hundreds of calls per fit (BENCHMARKS.md)."""
-    k = len(weights)
+def quadratic_kappa(labels: np.ndarray, predicted: np.ndarray, k: int) -> float:
+    """scikit-learn's `cohen_kappa_score(labels, predicted, labels=range(k), weights="quadratic")` (class
+    indices), -1 where it is undefined: the same float operations in the same order, so the same value to the
+    bit, without the input checks that were most of each of the search's hundreds of calls (BENCHMARKS.md)."""
+    weights = np.zeros((k, k)) + np.arange(k)
+    weights = (weights - weights.T) ** 2
     confusion = np.bincount(labels * k + predicted, minlength=k * k).reshape(k, k).astype(np.float64)
     sum0, sum1 = confusion.sum(axis=0), confusion.sum(axis=1)
     total = sum0.sum()
