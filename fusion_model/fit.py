@@ -42,7 +42,7 @@ from fusion_model.metrics import greater_is_better
 from fusion_model.module import metric_name, monitor_mode
 from fusion_model.preprocess import Preprocessor
 from fusion_model.processes import die_with_parent, end_process
-from fusion_model.safe_load import check_checkpoint
+from fusion_model.safe_load import check_checkpoint, checkpoint_shapes, key_mismatch
 from fusion_model.strategies import build_strategy
 from fusion_model.summary import FinishRun
 
@@ -217,6 +217,7 @@ def select(cfg: TrainConfig, data: ValidatedData, devices: int, on_cuda: bool, o
         # Lightning and DeepSpeed unpickle a checkpoint in full (code may run): first prove that every file
         # of it holds only tensors and plain data
         check_checkpoint(last)
+        refuse_another_model(last, module)
         resume_from = str(last)
     finish = FinishRun(cfg.model_copy(update={"out_dir": out_dir}), metric, checkpoint, progress, throughput,
                        resume_from)
@@ -228,6 +229,19 @@ def select(cfg: TrainConfig, data: ValidatedData, devices: int, on_cuda: bool, o
     return {"summary": summary, "modalities": kwargs["modalities"], "decision": module.model.decision_state(),
             "max_epochs": max_epochs, "linear": getattr(module, "linear_report", None),
             "linear_start": (pre, module.linear_glm) if hasattr(module, "linear_glm") else None}
+
+
+def refuse_another_model(checkpoint: Path, module: pl.LightningModule) -> None:
+    """Refuse to resume a checkpoint whose tensors are not those these settings build, naming them: Lightning's
+    strict load would refuse it too, without saying what differs or what to do."""
+    expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    found = checkpoint_shapes(checkpoint)
+    mismatch = key_mismatch([k for k in expected if k not in found], [k for k in found if k not in expected],
+                            [f"{k} {found[k]} here {expected[k]}" for k in expected if k in found and found[k] != expected[k]])
+    if mismatch:
+        raise ValueError(f"resume: {checkpoint} holds another model than these train settings build ({mismatch}); it "
+                         "was trained with other settings or another version: resume with the settings it was "
+                         "trained with, or train with resume false")
 
 
 def refit(cfg: TrainConfig, data: ValidatedData, selection: dict[str, Any], modalities: list[str],

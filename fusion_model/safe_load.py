@@ -62,6 +62,22 @@ def check_checkpoint(checkpoint: Path) -> list[Path]:
     return files
 
 
+def checkpoint_shapes(checkpoint: Path) -> dict[str, tuple[int, ...]]:
+    """Each model tensor's name and shape in a Lightning checkpoint file (its `state_dict`) or a DeepSpeed
+    folder (its model states file: the buffers there, the parameters' shapes from `param_shapes`, which
+    ZeRO-3 keeps apart from its placeholders)."""
+    if not checkpoint.is_dir():
+        return {k: tuple(v.shape) for k, v in load_meta(checkpoint)["state_dict"].items()}
+    found = sorted(checkpoint.rglob("*mp_rank_00_model_states.pt"), key=lambda p: p.name)
+    if not found:
+        raise UnsafeCheckpoint(f"{checkpoint}: no model states file inside; re-run training to write one.")
+    states = load_meta(found[0])
+    shapes = {k: tuple(v.shape) for k, v in states["module"].items()}
+    for group in [*(states.get("param_shapes") or []), states.get("frozen_param_shapes") or {}]:
+        shapes.update({k: tuple(v) for k, v in group.items()})
+    return shapes
+
+
 def key_mismatch(missing: list[str], unexpected: list[str], shapes: list[str]) -> str:
     """"missing keys: ...; unexpected keys: ...; shape mismatches: ..." (the first six of each), or "" when
     a weights file fits its model: how a strict load's refusal names the keys."""

@@ -408,3 +408,18 @@ def test_zero3_ranks_return_released_memory_to_the_os(monkeypatch: pytest.Monkey
         assert "MALLOC_MMAP_THRESHOLD_" not in _environment(other, port=29500)
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
     assert _environment(zero3, port=29500)["MALLOC_MMAP_THRESHOLD_"] == "65536"
+
+
+def test_resume_refuses_a_checkpoint_of_another_model_naming_what_differs(
+        data_dir: Path, tmp_path: Path, finished_ddp: tuple[Path, TrainSummary]) -> None:
+    """A checkpoint of other settings (or another version's model): refused before loading, the tensors that
+    differ named, the finished run left as it was."""
+    out = tmp_path / "ckpt"
+    shutil.copytree(finished_ddp[0], out)
+    before = _tree(out)
+    with pytest.raises(StageError) as err:
+        train(_config(data_dir, out, strategy="ddp", max_epochs=3, resume=True, hidden_sizes=[16]))
+    message = str(err.value)
+    assert "holds another model than these train settings build" in message and "last.ckpt" in message
+    assert "shape mismatches: model." in message and "train with resume false" in message
+    assert _tree(out) == before
