@@ -237,7 +237,8 @@ def refuse_another_model(checkpoint: Path, module: pl.LightningModule) -> None:
     expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
     found = checkpoint_shapes(checkpoint)
     mismatch = key_mismatch([k for k in expected if k not in found], [k for k in found if k not in expected],
-                            [f"{k} {found[k]} here {expected[k]}" for k in expected if k in found and found[k] != expected[k]])
+                            [f"{k} {list(found[k])} in the checkpoint vs {list(expected[k])} now" for k in expected
+                             if k in found and found[k] != expected[k]])
     if mismatch:
         raise ValueError(f"resume: {checkpoint} holds another model than these train settings build ({mismatch}); it "
                          "was trained with other settings or another version: resume with the settings it was "
