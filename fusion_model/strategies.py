@@ -11,9 +11,29 @@ import argparse
 from typing import Any
 
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, Strategy
+from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from torch import nn
 
 from fusion_model.config import TrainConfig
+from fusion_model.processes import end_process
+
+
+class _EndingLauncher(_MultiProcessingLauncher):
+    """ddp_spawn's launcher, whose ranks end through `end_process` once their work is handed back (rank 0's
+    results are on the pipe: a SimpleQueue writes as it is called): a finished rank's interpreter teardown can
+    abort in gloo's C++ destructors (SIGABRT), which failed a finished run, as under torchrun (fit.py)."""
+
+    def _wrapping_function(self, *args: Any, **kwargs: Any) -> None:
+        super()._wrapping_function(*args, **kwargs)
+        end_process(0)
+
+
+class SpawnDDPStrategy(DDPStrategy):
+    """DDPStrategy(start_method="spawn") whose ranks end without their interpreter's teardown."""
+
+    def _configure_launcher(self) -> None:
+        super()._configure_launcher()
+        self._launcher = _EndingLauncher(self, start_method=self._start_method)
 
 
 class CPUDeepSpeedStrategy(DeepSpeedStrategy):
@@ -154,7 +174,7 @@ def check_deepspeed_precision(cfg: TrainConfig) -> None:
 
 def build_strategy(cfg: TrainConfig, on_cuda: bool) -> Strategy | str:
     if cfg.strategy == "ddp_spawn":
-        return DDPStrategy(start_method="spawn", process_group_backend=None if on_cuda else "gloo")
+        return SpawnDDPStrategy(start_method="spawn", process_group_backend=None if on_cuda else "gloo")
     if cfg.strategy == "ddp":
         return DDPStrategy(process_group_backend=None if on_cuda else "gloo")
     check_deepspeed_precision(cfg)

@@ -103,6 +103,24 @@ def _assert_outputs(out: Path, summary: TrainSummary, strategy: str) -> None:
     assert config["preprocess"]["numeric_mean"] and config["metric"] == "roc_auc"
 
 
+def test_ddp_spawn_ranks_end_before_their_interpreters_teardown(data_dir: Path, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A finished rank's teardown can abort in gloo's C++ destructors (SIGABRT), which failed the finished run:
+    here every rank ddp_spawn starts aborts in its teardown (a sitecustomize module, imported by every Python
+    started with this PYTHONPATH), and the run still succeeds."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(textwrap.dedent("""
+        import atexit, os, sys
+        if "--multiprocessing-fork" in sys.argv:  # a process multiprocessing's spawn started: a rank
+            atexit.register(os.abort)
+    """))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")]))
+    out = tmp_path / "ckpt"
+    summary = train(_config(data_dir, out, strategy="ddp_spawn"))
+    assert summary.epochs == 1 and (out / "best.ckpt").is_file() and (out / "last.ckpt").is_file()
+
+
 def test_flow_like_caller_runs_once_while_ddp_spawn_trains_two_ranks(data_dir: Path, tmp_path: Path) -> None:
     """Lightning's spawn re-imports the main module in each rank; the caller's body must still run once."""
     counter = tmp_path / "body_runs.txt"
