@@ -4,6 +4,7 @@
     python bench/real_data.py --dataset fashion-season         # one of DATASETS (repeatable)
     python bench/real_data.py --csv FILE_OR_FOLDER --label-kind binary   # your own PetFinder file
     python bench/real_data.py --peer                           # ... beside AutoGluon-Tabular on the same split
+    python bench/real_data.py --split 1 --split 2 --split 3    # other splits (download.local's seed), and the means
 
 Runs download (source: local) -> validate -> train -> convert -> evaluate with params.yaml's defaults and
 only the `dataset:` section (and download.local's paths) changed, every path inside --work, and prints
@@ -174,6 +175,22 @@ def single_modalities(spec: dict[str, Any], work: Path, result: dict[str, Any]) 
     return scores
 
 
+def split_of(spec: dict[str, Any], split: int | None) -> dict[str, Any]:
+    """The table's spec with download.local's seed set to `split` (None: params.yaml's)."""
+    return spec if split is None else {**spec, "local": {**spec["local"], "seed": split}}
+
+
+def print_means(results: list[dict[str, Any]]) -> None:
+    """Each table's mean over its splits: one split's score turns on a few rows, the mean less so."""
+    for name in dict.fromkeys(r["dataset"] for r in results):
+        runs = [r for r in results if r["dataset"] == name]
+        line = (f"{name}, mean over splits {[r['split'] for r in runs]}: network "
+                f"{sum(r['fusion'] for r in runs) / len(runs):.4f}, baseline {sum(r['baseline'] for r in runs) / len(runs):.4f}")
+        if all("peer" in r for r in runs):
+            line += f", AutoGluon-Tabular {sum(r['peer']['score'] for r in runs) / len(runs):.4f}"
+        print(line, flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", action="append", default=[], help="a name of DATASETS (default: all)")
@@ -185,6 +202,9 @@ def main() -> int:
     parser.add_argument("--peer", action="store_true",
                         help="also fit AutoGluon-Tabular (bench/peer, its own venv) on the same split: both scores, "
                              "their ratio and each one's wall time")
+    parser.add_argument("--split", type=int, action="append", default=[],
+                        help="download.local's seed, which draws the test rows (repeatable; default params.yaml's): "
+                             "each table on each split, then each table's means")
     parser.add_argument("--through", choices=["stages", "dvc", "flow"], default="stages",
                         help="stages: each stage here; dvc / flow: `dvc repro` / the retrain flow in a project clone")
     args = parser.parse_args()
@@ -207,17 +227,19 @@ def main() -> int:
         for n in set(names) - set(chosen):
             print(f"{n}: {specs[n]['local']['path']} not found; skipped", file=sys.stderr)
     results = []
-    for name, spec in chosen.items():
+    for (name, spec), split in ((item, split) for item in chosen.items() for split in args.split or [None]):
+        spec, work = split_of(spec, split), args.work / (name if split is None else f"{name}-split{split}")
         if args.through == "stages":
-            r = run(name, spec, args.work / name)
+            r = run(name, spec, work)
         else:
-            r = run_project(name, spec, args.work / f"{name}-{args.through}", args.through)
+            r = run_project(name, spec, work.with_name(f"{work.name}-{args.through}"), args.through)
+        r["split"] = spec["local"].get("seed")
         if args.peer and args.through == "stages":
-            r["peer"] = peer_side(r, args.work / name / "validated")
+            r["peer"] = peer_side(r, work / "validated")
         if args.modalities and args.through == "stages":
-            r["single_modality_val"] = single_modalities(spec, args.work / name, r)
+            r["single_modality_val"] = single_modalities(spec, work, r)
         results.append(r)
-        print(f"\n{name} ({r['problem_type']}): test {r['metric']} fusion {r['fusion']:.4f} vs baseline "
+        print(f"\n{name}{'' if split is None else f' split {split}'} ({r['problem_type']}): test {r['metric']} fusion {r['fusion']:.4f} vs baseline "
               f"{r['baseline']:.4f} (improvement {r['improvement']:+.4f}); rows {r['rows']}", flush=True)
         print("  ablation (masked -> score, drop): " + ", ".join(
             f"{m} {e['score']:.4f} ({e['drop']:+.4f})" for m, e in r["ablation"].items()))
@@ -232,6 +254,8 @@ def main() -> int:
         if "single_modality_val" in r:
             print("  best validation score per model: " + ", ".join(
                 f"{m} {v:.4f}" for m, v in r["single_modality_val"].items()), flush=True)
+    if len(args.split) > 1:
+        print_means(results)
     out = ROOT / "bench" / "results" / ("real_data.json" if args.through == "stages" else f"real_data_{args.through}.json")
     write_json(out, results)
     print(f"\nresults: {out}")
