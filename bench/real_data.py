@@ -19,12 +19,14 @@ as the stages run here. Results go to bench/results/real_data.json. Never copies
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+from statistics import fmean
 from typing import Any
 
 import yaml
@@ -184,10 +186,10 @@ def print_means(results: list[dict[str, Any]]) -> None:
     """Each table's mean over its splits: one split's score turns on a few rows, the mean less so."""
     for name in dict.fromkeys(r["dataset"] for r in results):
         runs = [r for r in results if r["dataset"] == name]
-        line = (f"{name}, mean over splits {[r['split'] for r in runs]}: network "
-                f"{sum(r['fusion'] for r in runs) / len(runs):.4f}, baseline {sum(r['baseline'] for r in runs) / len(runs):.4f}")
+        line = (f"{name}, mean over splits {[r['split'] for r in runs]}: network {fmean(r['fusion'] for r in runs):.4f}, "
+                f"baseline {fmean(r['baseline'] for r in runs):.4f}")
         if all("peer" in r for r in runs):
-            line += f", AutoGluon-Tabular {sum(r['peer']['score'] for r in runs) / len(runs):.4f}"
+            line += f", AutoGluon-Tabular {fmean(r['peer']['score'] for r in runs):.4f}"
         print(line, flush=True)
 
 
@@ -227,7 +229,7 @@ def main() -> int:
         for n in set(names) - set(chosen):
             print(f"{n}: {specs[n]['local']['path']} not found; skipped", file=sys.stderr)
     results = []
-    for (name, spec), split in ((item, split) for item in chosen.items() for split in args.split or [None]):
+    for (name, spec), split in itertools.product(chosen.items(), args.split or [None]):
         spec, work = split_of(spec, split), args.work / (name if split is None else f"{name}-split{split}")
         if args.through == "stages":
             r = run(name, spec, work)
